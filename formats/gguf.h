@@ -1,0 +1,127 @@
+/* gguf.h - GGUF v2/v3 reader, writer for fixtures, and block dequantisers. No model logic.
+ *
+ *   gguf_file g;
+ *   char err[FASA_ERRLEN];
+ *   if (gguf_open(&g, "model.gguf", err) < 0) ...;          // mmap + gguf_parse
+ *   uint32_t n_layer; gguf_get_u32(&g, "llama.block_count", &n_layer);
+ *   const gguf_tensor *t = gguf_find_tensor(&g, "blk.0.attn_q.weight");
+ *   gguf_dequant(t->type, t->data, row, t->ne[0]);           // one row of ne[0] values
+ *   gguf_close(&g);
+ *
+ * Byte layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 n_tensors, u64 n_kv
+ * (v1 used u32: rejected); n_kv x {string key, u32 type, value}; n_tensors x {string name,
+ * u32 n_dims, u64 ne[n_dims], u32 type, u64 offset}; padding to general.alignment (default 32);
+ * tensor data, each at data_start + offset (offset a multiple of the alignment).
+ * A string is u64 length + bytes (no NUL). An array is u32 elem type + u64 count + elems.
+ * ne[0] is the innermost (fastest varying) dimension: a weight of ne = {in, out} has `out`
+ * rows of `in` values each.
+ */
+#ifndef FASA_GGUF_H
+#define FASA_GGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "common.h"
+
+enum gguf_vtype {
+    GGUF_VT_U8 = 0, GGUF_VT_I8 = 1, GGUF_VT_U16 = 2, GGUF_VT_I16 = 3, GGUF_VT_U32 = 4,
+    GGUF_VT_I32 = 5, GGUF_VT_F32 = 6, GGUF_VT_BOOL = 7, GGUF_VT_STRING = 8, GGUF_VT_ARRAY = 9,
+    GGUF_VT_U64 = 10, GGUF_VT_I64 = 11, GGUF_VT_F64 = 12,
+};
+
+/* ggml tensor types (numbering as in ggml). */
+enum gguf_type {
+    GGUF_TYPE_F32 = 0, GGUF_TYPE_F16 = 1, GGUF_TYPE_Q4_0 = 2, GGUF_TYPE_Q4_1 = 3,
+    GGUF_TYPE_Q8_0 = 8, GGUF_TYPE_Q4_K = 12, GGUF_TYPE_Q6_K = 14, GGUF_TYPE_BF16 = 30,
+};
+
+typedef struct gguf_str { const char *ptr; uint64_t len; } gguf_str;   /* view, not NUL-terminated */
+
+typedef struct gguf_kv {
+    gguf_str key;
+    uint32_t type;          /* enum gguf_vtype */
+    uint32_t arr_type;      /* element type when type == GGUF_VT_ARRAY */
+    uint64_t arr_n;         /* element count when type == GGUF_VT_ARRAY */
+    const uint8_t *value;   /* points at the value bytes (for arrays: at the first element) */
+} gguf_kv;
+
+typedef struct gguf_tensor {
+    gguf_str name;
+    uint32_t n_dims;
+    int64_t ne[4];          /* ne[0] innermost; unused dims are 1 */
+    uint32_t type;          /* enum gguf_type */
+    uint64_t offset;        /* relative to the data section */
+    uint64_t nbytes;
+    const void *data;       /* into the buffer */
+} gguf_tensor;
+
+typedef struct gguf_file {
+    uint32_t version;
+    uint64_t n_kv, n_tensors;
+    gguf_kv *kv;
+    gguf_tensor *tensors;
+    uint64_t alignment;
+    const uint8_t *buf;     /* whole file */
+    size_t len;
+    void *map;              /* mmap owned by gguf_open, NULL after gguf_parse */
+    char path[256];         /* for messages; empty when parsed from memory */
+} gguf_file;
+
+/* Pure parser: no I/O. Checks every length, count, offset and size for bounds and overflow.
+ * Tensor data must lie inside buf, be aligned, and not overlap. Does not copy buf. */
+int  gguf_parse(gguf_file *g, const void *buf, size_t len, char *err);
+int  gguf_open(gguf_file *g, const char *path, char *err);   /* mmap + parse; messages name path */
+void gguf_close(gguf_file *g);                               /* also frees what gguf_parse allocated */
+
+const gguf_kv     *gguf_find_kv(const gguf_file *g, const char *key);
+const gguf_tensor *gguf_find_tensor(const gguf_file *g, const char *name);
+
+/* Typed getters: 0 on success, negative when missing or of an incompatible type. Integer
+ * getters accept any integer type whose value fits. */
+int gguf_get_u32(const gguf_file *g, const char *key, uint32_t *out);
+int gguf_get_i64(const gguf_file *g, const char *key, int64_t *out);
+int gguf_get_f32(const gguf_file *g, const char *key, float *out);    /* F32 or F64 */
+int gguf_get_bool(const gguf_file *g, const char *key, int *out);
+int gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
+/* Array elements. Strings of an array are found by walking; gguf_arr_strs fills out[0..n) in one
+ * pass (caller allocates kv->arr_n entries). */
+int gguf_arr_strs(const gguf_kv *kv, gguf_str *out);
+int gguf_arr_i32(const gguf_kv *kv, int32_t *out);   /* I32/U32/I8/U8/... converted */
+int gguf_arr_f32(const gguf_kv *kv, float *out);
+
+/* Types. */
+const char *gguf_type_name(uint32_t type);       /* "Q4_1"; NULL if unknown */
+int      gguf_type_known(uint32_t type);         /* one of the types this file supports */
+int64_t  gguf_type_block(uint32_t type);         /* values per block (1 for F32/F16/BF16) */
+size_t   gguf_type_block_bytes(uint32_t type);   /* bytes per block */
+size_t   gguf_row_bytes(uint32_t type, int64_t n); /* n must be a multiple of the block */
+
+/* Dequantise n values (a multiple of the block size) starting at a block boundary. */
+void gguf_dequant(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* fp16 / bf16 conversions (scalar, exact round-to-nearest-even on the way in). */
+float    gguf_f16_to_f32(uint16_t h);
+uint16_t gguf_f32_to_f16(float f);
+float    gguf_bf16_to_f32(uint16_t h);
+uint16_t gguf_f32_to_bf16(float f);
+
+/* Quantisers for fixtures and tests (reference, not fast): n a multiple of the block. */
+void gguf_quantize(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* Writer for fixtures: builds a GGUF v3 file in memory, then writes it atomically. */
+typedef struct gguf_writer gguf_writer;
+gguf_writer *gguf_writer_new(void);
+void gguf_writer_free(gguf_writer *w);
+void gguf_w_u32(gguf_writer *w, const char *key, uint32_t v);
+void gguf_w_f32(gguf_writer *w, const char *key, float v);
+void gguf_w_bool(gguf_writer *w, const char *key, int v);
+void gguf_w_str(gguf_writer *w, const char *key, const char *v);
+void gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
+void gguf_w_arr_i32(gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+void gguf_w_arr_f32(gguf_writer *w, const char *key, const float *v, uint64_t n);
+/* data holds ggml-format bytes of the given type (gguf_row_bytes(type, ne[0]) * rows); copied. */
+void gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                   const int64_t *ne, const void *data);
+int  gguf_writer_write(gguf_writer *w, const char *path, char *err);  /* temp file + rename */
+
+#endif
