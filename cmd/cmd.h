@@ -1,0 +1,27 @@
+/* cmd.h - what the subcommands share: the command table's entries and a few CLI helpers. */
+#ifndef FASA_CMD_H
+#define FASA_CMD_H
+
+#include <stdio.h>
+
+int cmd_calibrate(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* Prints "fasa: <message>" on stderr and returns 1 (the exit status for failures). */
+int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The default model installed by scripts/setup.sh: $FASA_MODEL, else models/ next to the
+ * binary's bin/ directory, else ~/.local/share/fasa/models/. NULL if none exists. */
+const char *default_model_path(void);
+
+/* Parses a positive integer / float flag value; returns -1 (after printing) on garbage. */
+int parse_int(const char *flag, const char *s, long lo, long hi, long *out);
+int parse_float(const char *flag, const char *s, double lo, double hi, double *out);
+
+/* Reads a whole stream or file into a NUL-terminated buffer (caller frees). */
+char *read_all(FILE *f, size_t *len);
+
+#endif

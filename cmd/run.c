@@ -1,0 +1,311 @@
+/* run.c - `fasa run [MODEL] [PROMPT|-]`: tokenize, prefill, decode, stream text to stdout. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cmd.h"
+#include "model.h"
+#include "sampler.h"
+
+static const char usage_text[] =
+    "usage: fasa run [MODEL] [PROMPT|-] [options]\n"
+    "\n"
+    "Generates text. MODEL is a GGUF file, a Hugging Face directory or a .safetensors file;\n"
+    "without it the default model installed by setup is used. PROMPT '-' (or none) reads stdin.\n"
+    "Tokens stream to stdout; speed figures go to stderr.\n"
+    "\n"
+    "  -m, --model PATH      model (instead of the first argument)\n"
+    "      --mode MODE       attention: full (default)\n"
+    "  -n, --n-predict N     tokens to generate (default 256; 0: prompt only)\n"
+    "      --temp T          temperature (default 0: greedy)\n"
+    "      --top-k K         keep the K most likely tokens (default 0: off)\n"
+    "      --top-p P         nucleus sampling (default 1: off)\n"
+    "      --seed S          sampling seed (default 42)\n"
+    "      --chat            wrap the prompt in the model's chat template (default when the\n"
+    "                        vocabulary has one: ChatML or Llama-3)\n"
+    "      --raw             do not apply a chat template\n"
+    "      --system TEXT     system message for --chat\n"
+    "      --ctx N           context size (default: prompt + N, at most the model's)\n"
+    "      --ignore-eos      keep generating after end-of-turn\n"
+    "  -t, --threads N       threads (default: all cores)\n"
+    "      --ids FILE        prompt as whitespace-separated token ids instead of text\n"
+    "      --print-ids       print generated token ids instead of text\n"
+    "      --dump-logits F   write every prompt position's logits to F (raw float32, n x vocab)\n"
+    "      --json            print one JSON object (text, ids, timings) on stdout at the end\n"
+    "  -h, --help            this text\n";
+
+enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
+       OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON };
+
+static const struct option long_opts[] = {
+    { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
+    { "n-predict", required_argument, 0, 'n' },  { "temp", required_argument, 0, OPT_TEMP },
+    { "top-k", required_argument, 0, OPT_TOPK }, { "top-p", required_argument, 0, OPT_TOPP },
+    { "seed", required_argument, 0, OPT_SEED },  { "chat", no_argument, 0, OPT_CHAT },
+    { "raw", no_argument, 0, OPT_RAW },          { "system", required_argument, 0, OPT_SYSTEM },
+    { "ctx", required_argument, 0, OPT_CTX },    { "ignore-eos", no_argument, 0, OPT_IGNORE_EOS },
+    { "threads", required_argument, 0, 't' },    { "ids", required_argument, 0, OPT_IDS },
+    { "print-ids", no_argument, 0, OPT_PRINT_IDS }, { "dump-logits", required_argument, 0, OPT_DUMP },
+    { "json", no_argument, 0, OPT_JSON },        { "help", no_argument, 0, 'h' },
+    { 0, 0, 0, 0 },
+};
+
+static int looks_like_model(const char *p)
+{
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    if (S_ISDIR(st.st_mode)) return 1;
+    size_t n = strlen(p);
+    return (n > 5 && !strcmp(p + n - 5, ".gguf")) || (n > 12 && !strcmp(p + n - 12, ".safetensors")) ||
+           (n > 5 && !strcmp(p + n - 5, ".fasa"));
+}
+
+/* Reads whitespace-separated ids; returns the count or -1. */
+static int read_ids(const char *path, int32_t **out, int n_vocab)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
+    if (!f) return die("cannot open '%s': %m", path), -1;
+    int cap = 1024, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    long v;
+    int rc;
+    while (ids && (rc = fscanf(f, "%ld", &v)) == 1) {
+        if (v < 0 || v >= n_vocab) {
+            die("'%s': token id %ld is outside the vocabulary (%d)", path, v, n_vocab);
+            n = -1;
+            break;
+        }
+        if (n == cap) {
+            int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);
+            if (!nb) { free(ids); ids = NULL; break; }
+            ids = nb;
+        }
+        ids[n++] = (int32_t)v;
+    }
+    if (n >= 0 && ids && !feof(f)) { die("'%s': not a list of token ids", path); n = -1; }
+    if (f != stdin) fclose(f);
+    if (!ids) return die("out of memory"), -1;
+    if (n <= 0) { free(ids); if (n == 0) die("'%s': no token ids", path); return -1; }
+    *out = ids;
+    return n;
+}
+
+/* Writes buf to path through a temporary file renamed into place. */
+static int write_atomic(const char *path, const void *buf, size_t len)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return die("cannot create '%s': %m", path);
+    FILE *f = fdopen(fd, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return die("cannot write '%s': %m", path);
+    }
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
+    long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
+    double temp = 0, top_p = 1;
+    int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:n:t:h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case OPT_MODE:
+            if (strcmp(optarg, "full"))
+                return die("--mode '%s' is not available yet (this build has: full)", optarg);
+            break;
+        case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return 1; break;
+        case OPT_TEMP: if (parse_float("--temp", optarg, 0, 100, &temp)) return 1; break;
+        case OPT_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 24, &top_k)) return 1; break;
+        case OPT_TOPP: if (parse_float("--top-p", optarg, 1e-6, 1, &top_p)) return 1; break;
+        case OPT_SEED: if (parse_int("--seed", optarg, 0, 1L << 62, &seed)) return 1; break;
+        case OPT_CHAT: chat = 1; break;
+        case OPT_RAW: chat = 0; break;
+        case OPT_SYSTEM: system = optarg; break;
+        case OPT_CTX: if (parse_int("--ctx", optarg, 1, 1 << 24, &ctx)) return 1; break;
+        case OPT_IGNORE_EOS: ignore_eos = 1; break;
+        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return 1; break;
+        case OPT_IDS: ids_path = optarg; break;
+        case OPT_PRINT_IDS: print_ids = 1; break;
+        case OPT_DUMP: dump = optarg; break;
+        case OPT_JSON: json = 1; break;
+        case 'h': fputs(usage_text, stdout); return 0;
+        default: fputs(usage_text, stderr); return 2;
+        }
+    }
+    int rest = argc - optind;
+    if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;
+    if (rest > 1) return die("too many arguments; see 'fasa run --help'");
+    if (rest == 1) prompt = argv[optind];
+    if (!model_path && !(model_path = default_model_path()))
+        return die("no model given and no default model installed (run scripts/setup.sh)");
+    if (threads) omp_set_num_threads((int)threads);
+
+    char err[FASA_ERRLEN];
+    model *m;
+    double t0 = fasa_now();
+    if (model_open(&m, model_path, err) < 0) return die("%s", err);
+    const model_config *cfg = &m->cfg;
+    double t_load = fasa_now() - t0;
+
+    /* The prompt, as ids. */
+    int32_t *ids = NULL;
+    int n_prompt;
+    char *text = NULL;
+    int status = 1;
+    if (ids_path) {
+        if ((n_prompt = read_ids(ids_path, &ids, cfg->n_vocab)) < 0) goto out;
+    } else {
+        if (!m->tok) { die("'%s' has no tokenizer; give the prompt with --ids", model_path); goto out; }
+        if (!prompt || !strcmp(prompt, "-")) {
+            if (isatty(0)) fprintf(stderr, "fasa: reading the prompt from stdin (end with Ctrl-D)\n");
+            if (!(text = read_all(stdin, NULL))) { die("cannot read the prompt from stdin"); goto out; }
+            prompt = text;
+        }
+        int has_chatml = tokenizer_find(m->tok, "<|im_start|>") >= 0;
+        int has_llama3 = tokenizer_find(m->tok, "<|start_header_id|>") >= 0;
+        if (chat < 0) chat = has_chatml || has_llama3;
+        const char *input = prompt;
+        char *rendered = NULL;
+        if (chat) {
+            if (!has_chatml && !has_llama3) { die("'%s' has no chat template tokens; use --raw", model_path); goto out; }
+            enum tokenizer_chat kind = has_chatml ? TOKENIZER_CHAT_CHATML : TOKENIZER_CHAT_LLAMA3;
+            /* SmolLM2's own template adds this system message when none is given. */
+            if (!system && has_chatml && strstr(m->name, "mol"))
+                system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+            int need = tokenizer_chat_render(kind, system, prompt, NULL, 0);
+            if (need < 0 || !(rendered = malloc(need + 1))) { die("out of memory"); goto out; }
+            tokenizer_chat_render(kind, system, prompt, rendered, need + 1);
+            input = rendered;
+        }
+        size_t len = strlen(input);
+        int cap = (int)(len + 16);
+        ids = malloc(cap * sizeof *ids);
+        n_prompt = ids ? tokenizer_encode(m->tok, input, len, chat, ids, cap) : -1;
+        free(rendered);
+        if (n_prompt <= 0) { die(n_prompt == 0 ? "the prompt is empty" : "cannot tokenize the prompt"); goto out; }
+    }
+
+    long n_ctx = ctx ? ctx : n_prompt + n_predict;
+    if (n_prompt + n_predict > n_ctx) n_predict = n_ctx - n_prompt;
+    if (n_predict < 0) { die("the prompt (%d tokens) does not fit the context (%ld)", n_prompt, n_ctx); goto out; }
+    if (!ctx && n_ctx > cfg->n_ctx_train)
+        fprintf(stderr, "fasa: warning: %ld tokens exceed the model's training context (%d)\n", n_ctx, cfg->n_ctx_train);
+
+    const int n_batch = 64;
+    run_state *s = run_state_new(m, (int)n_ctx, n_batch, err);
+    if (!s) { die("%s", err); goto out; }
+    sampler sp;
+    if (sampler_init(&sp, cfg->n_vocab, (float)temp, (int)top_k, (float)top_p, (uint64_t)seed, err) < 0) {
+        run_state_free(s);
+        die("%s", err);
+        goto out;
+    }
+
+    float *all = NULL;
+    if (dump && !(all = malloc(sizeof(float) * n_prompt * cfg->n_vocab))) { die("out of memory"); goto out_state; }
+
+    /* Prefill in batches. */
+    t0 = fasa_now();
+    for (int i = 0; i < n_prompt; i += n_batch) {
+        int nb = n_prompt - i < n_batch ? n_prompt - i : n_batch;
+        if (model_forward(m, s, ids + i, nb, dump != NULL, err) < 0) { die("%s", err); goto out_state; }
+        if (dump) memcpy(all + (size_t)i * cfg->n_vocab, s->logits, sizeof(float) * nb * cfg->n_vocab);
+    }
+    double t_prefill = fasa_now() - t0;
+    if (dump) {
+        if (write_atomic(dump, all, sizeof(float) * n_prompt * cfg->n_vocab)) goto out_state;
+    }
+    const float *last = s->logits + (dump ? (size_t)((n_prompt - 1) % n_batch) * cfg->n_vocab : 0);
+    memmove(s->logits, last, sizeof(float) * cfg->n_vocab);
+
+    /* Decode. */
+    int32_t *gen = malloc(sizeof(int32_t) * (n_predict + 1));
+    cJSON *jtext = NULL;
+    size_t text_cap = 256, text_len = 0;
+    char *out_text = json ? malloc(text_cap) : NULL;
+    int n_gen = 0;
+    double kv_bytes = 0;
+    const double kv_row = 2.0 * cfg->n_layer * cfg->n_kv_head * cfg->d_head * sizeof(float);
+    t0 = fasa_now();
+    for (; n_gen < n_predict; n_gen++) {
+        int32_t next = sampler_sample(&sp, s->logits);
+        gen[n_gen] = next;
+        if (!ignore_eos && m->tok && next == tokenizer_eos(m->tok)) { n_gen++; break; }
+        char piece[256];
+        if (print_ids) {
+            if (!json) printf(n_gen ? " %d" : "%d", next);
+        } else if (m->tok) {
+            int len = tokenizer_decode(m->tok, next, piece, sizeof piece);
+            if (len > (int)sizeof piece) len = sizeof piece;
+            if (len > 0) {
+                if (json) {
+                    if (text_len + len + 1 > text_cap) {
+                        char *nb = realloc(out_text, text_cap = 2 * (text_len + len + 1));
+                        if (!nb) { die("out of memory"); goto out_gen; }
+                        out_text = nb;
+                    }
+                    memcpy(out_text + text_len, piece, len);
+                    text_len += len;
+                } else {
+                    fwrite(piece, 1, len, stdout);
+                }
+            }
+        }
+        if (!json) fflush(stdout);
+        if (n_gen + 1 == n_predict) { n_gen++; break; }
+        kv_bytes += kv_row * (s->n_past + 1);
+        if (model_forward(m, s, &next, 1, 0, err) < 0) { die("%s", err); goto out_gen; }
+    }
+    double t_decode = fasa_now() - t0;
+    int n_steps = n_gen > 1 ? n_gen - 1 : 0;   /* forward passes in the decode loop */
+    if (!json && (n_gen || print_ids)) putchar('\n');
+
+    double pre_tps = n_prompt / t_prefill;
+    double dec_tps = n_steps ? n_steps / t_decode : 0;
+    double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
+    fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
+            "(weights %.1f MB + KV) | %d threads\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
+            m->weight_bytes / 1e6, omp_get_max_threads());
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        if (out_text) jtext = cJSON_AddStringToObject(o, "text", (out_text[text_len] = 0, out_text));
+        (void)jtext;
+        cJSON *arr = cJSON_AddArrayToObject(o, "ids");
+        for (int i = 0; i < n_gen; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(gen[i]));
+        cJSON_AddNumberToObject(o, "n_prompt", n_prompt);
+        cJSON_AddNumberToObject(o, "prefill_tok_s", pre_tps);
+        cJSON_AddNumberToObject(o, "decode_tok_s", dec_tps);
+        cJSON_AddNumberToObject(o, "decode_gb_s", gbs);
+        cJSON_AddNumberToObject(o, "threads", omp_get_max_threads());
+        char *str = cJSON_Print(o);
+        puts(str);
+        free(str);
+        cJSON_Delete(o);
+    }
+    status = 0;
+out_gen:
+    free(gen);
+    free(out_text);
+out_state:
+    free(all);
+    sampler_free(&sp);
+    run_state_free(s);
+out:
+    free(ids);
+    free(text);
+    model_close(m);
+    return status;
+}

@@ -1,0 +1,159 @@
+/* forward.c - the decoder forward pass over a batch of tokens (prefill) or one token (decode). */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
+{
+    const model_config *c = &m->cfg;
+    if (n_ctx < 1 || n_batch < 1) {
+        fasa_error(err, FASA_EARG, "context and batch sizes must be positive");
+        return NULL;
+    }
+    run_state *s = calloc(1, sizeof *s);
+    if (!s) { fasa_error(err, FASA_ENOMEM, "out of memory"); return NULL; }
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    s->n_threads = omp_get_max_threads();
+    const size_t B = n_batch, qd = (size_t)c->n_head * c->d_head, kvd = (size_t)c->n_kv_head * c->d_head;
+    s->x = malloc(B * c->d_model * sizeof(float));
+    s->xb = malloc(B * c->d_model * sizeof(float));
+    s->q = malloc(B * qd * sizeof(float));
+    s->k = malloc(B * kvd * sizeof(float));
+    s->v = malloc(B * kvd * sizeof(float));
+    s->att_out = malloc(B * qd * sizeof(float));
+    s->ffa = malloc(B * c->d_ff * sizeof(float));
+    s->ffb = malloc(B * c->d_ff * sizeof(float));
+    s->scores = malloc((size_t)s->n_threads * n_ctx * sizeof(float));
+    s->logits = malloc(B * c->n_vocab * sizeof(float));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
+        !s->scores || !s->logits) {
+        run_state_free(s);
+        fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx);
+        return NULL;
+    }
+    if (kvcache_init(&s->kv, c->n_layer, c->n_kv_head, n_ctx, c->d_head, err) < 0) {
+        run_state_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void run_state_free(run_state *s)
+{
+    if (!s) return;
+    kvcache_free(&s->kv);
+    free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
+    free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
+    free(s);
+}
+
+void run_state_reset(run_state *s) { s->n_past = 0; }
+
+/* Rotates one head vector (file layout) by position pos and writes it in canonical layout:
+ * pair c = (src[2c], src[2c+1]) of the input, rotated by pos * freq[c]. */
+static void rope_gather(float *out, const float *in, const int16_t *src, const float *freq,
+                        int d_head, int pos)
+{
+    for (int c = 0; c < d_head / 2; c++) {
+        float a = in[src[2 * c]], b = in[src[2 * c + 1]];
+        float ang = (float)pos * freq[c];
+        float cs = cosf(ang), sn = sinf(ang);
+        out[2 * c] = a * cs - b * sn;
+        out[2 * c + 1] = a * sn + b * cs;
+    }
+}
+
+static void add_bias(float *x, const float *b, int n, int width)
+{
+    if (!b) return;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < width; j++) x[(size_t)i * width + j] += b[j];
+}
+
+/* Exact attention of one query over cached positions 0..pos of one KV head. */
+static void attend(float *out, const float *q, const float *K, const float *V, int pos, int d,
+                   float *scores)
+{
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int t = 0; t <= pos; t++) scores[t] = ops_dot(q, K + (size_t)t * d, d) * scale;
+    ops_softmax(scores, pos + 1);
+    memset(out, 0, d * sizeof(float));
+    for (int t = 0; t <= pos; t++) ops_axpy(out, scores[t], V + (size_t)t * d, d);
+}
+
+int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
+                  char *err)
+{
+    const model_config *c = &m->cfg;
+    const int D = c->d_model, dh = c->d_head, H = c->n_head, G = c->n_kv_head, group = H / G;
+    const int qd = H * dh, kvd = G * dh;
+    if (n < 1 || n > s->n_batch)
+        return fasa_error(err, FASA_EARG, "batch of %d tokens (at most %d)", n, s->n_batch);
+    if (s->n_past + n > s->n_ctx)
+        return fasa_error(err, FASA_EARG, "context is full (%d tokens)", s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            return fasa_error(err, FASA_EARG, "token id %d is outside the vocabulary (%d)", tokens[i], c->n_vocab);
+
+    for (int i = 0; i < n; i++) weight_row(&m->tok_embd, tokens[i], s->x + (size_t)i * D);
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const layer_weights *L = &m->layers[l];
+        for (int i = 0; i < n; i++)
+            ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->attn_norm.data, D, c->norm_eps);
+        ops_matmul(s->att_out, &L->wq, s->xb, n);   /* file-layout q, rotated into s->q below */
+        ops_matmul(s->k, &L->wk, s->xb, n);
+        ops_matmul(s->v, &L->wv, s->xb, n);
+        add_bias(s->att_out, L->bq, n, qd);
+        add_bias(s->k, L->bk, n, kvd);
+        add_bias(s->v, L->bv, n, kvd);
+
+        for (int i = 0; i < n; i++) {
+            const int pos = s->n_past + i;
+            for (int g = 0; g < G; g++) {
+                const size_t tab = (size_t)l * G + g;
+                const int16_t *src = m->rope_src + tab * dh;
+                const float *freq = m->rope_freq + tab * (dh / 2);
+                rope_gather(kvcache_k(&s->kv, l, g) + (size_t)pos * dh, s->k + (size_t)i * kvd + g * dh,
+                            src, freq, dh, pos);
+                memcpy(kvcache_v(&s->kv, l, g) + (size_t)pos * dh, s->v + (size_t)i * kvd + g * dh,
+                       dh * sizeof(float));
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    rope_gather(s->q + (size_t)i * qd + h * dh, s->att_out + (size_t)i * qd + h * dh,
+                                src, freq, dh, pos);
+            }
+        }
+
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int ih = 0; ih < n * H; ih++) {
+            const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i;
+            const float *q = s->q + (size_t)i * qd + h * dh;
+            float *scores = s->scores + (size_t)omp_get_thread_num() * s->n_ctx;
+            if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
+            attend(s->att_out + (size_t)i * qd + h * dh, q, kvcache_k(&s->kv, l, g),
+                   kvcache_v(&s->kv, l, g), pos, dh, scores);
+        }
+
+        ops_matmul(s->xb, &L->wo, s->att_out, n);
+        for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];
+
+        for (int i = 0; i < n; i++)
+            ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->ffn_norm.data, D, c->norm_eps);
+        ops_matmul(s->ffa, &L->w_gate, s->xb, n);
+        ops_matmul(s->ffb, &L->w_up, s->xb, n);
+        ops_swiglu(s->ffa, s->ffb, n * c->d_ff);
+        ops_matmul(s->xb, &L->w_down, s->ffa, n);
+        for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];
+    }
+
+    const int first = all_logits ? 0 : n - 1, rows = n - first;
+    for (int i = 0; i < rows; i++)
+        ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)(first + i) * D, m->out_norm.data, D, c->norm_eps);
+    ops_matmul(s->logits, &m->output, s->xb, rows);
+    s->n_past += n;
+    return 0;
+}

@@ -1,0 +1,543 @@
+/* model.c - loading (GGUF or Hugging Face safetensors) and the CPU forward pass. */
+#include "model.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gguf.h"
+#include "safetensors.h"
+
+/* ---------------------------------------------------------------- RoPE frequencies */
+
+void model_rope_freqs(const model_config *c, float *theta)
+{
+    const int half = c->d_head / 2;
+    for (int j = 0; j < half; j++) {
+        /* As Hugging Face computes inv_freq: base^(-2j/d) in float32. */
+        float f = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * j) / c->d_head));
+        if (c->rope_scaling == ROPE_SCALING_LINEAR) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+            double wavelen = 2 * M_PI / f;
+            double low_wl = c->rope_orig_ctx / c->rope_low_freq_factor;
+            double high_wl = c->rope_orig_ctx / c->rope_high_freq_factor;
+            if (wavelen > low_wl) {
+                f /= c->rope_factor;
+            } else if (wavelen >= high_wl) {
+                double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (float)((1 - smooth) * f / c->rope_factor + smooth * f);
+            }
+        }
+        theta[j] = f;
+    }
+}
+
+/* ---------------------------------------------------------------- config checks */
+
+static int config_check(const model_config *c, const char *where, char *err)
+{
+    if (c->n_layer <= 0 || c->n_layer > 1024 || c->d_model <= 0 || c->n_head <= 0 ||
+        c->n_kv_head <= 0 || c->d_head <= 0 || c->d_ff <= 0 || c->n_vocab <= 0)
+        return fasa_error(err, FASA_EFORMAT, "'%s': missing or non-positive model dimensions", where);
+    if (c->n_head % c->n_kv_head)
+        return fasa_error(err, FASA_EFORMAT, "'%s': %d query heads are not a multiple of %d KV heads",
+                          where, c->n_head, c->n_kv_head);
+    if (c->d_head % 2 || c->d_head > 1024)
+        return fasa_error(err, FASA_EFORMAT, "'%s': head dim %d must be even and <= 1024", where, c->d_head);
+    if (!(c->rope_theta > 0) || !(c->norm_eps > 0))
+        return fasa_error(err, FASA_EFORMAT, "'%s': rope theta and norm eps must be positive", where);
+    if (c->rope_scaling != ROPE_SCALING_NONE && !(c->rope_factor > 0))
+        return fasa_error(err, FASA_EFORMAT, "'%s': rope scaling factor must be positive", where);
+    if (c->rope_scaling == ROPE_SCALING_LLAMA3 &&
+        !(c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_low_freq_factor > 0 &&
+          c->rope_orig_ctx > 0))
+        return fasa_error(err, FASA_EFORMAT, "'%s': bad llama3 rope scaling parameters", where);
+    return 0;
+}
+
+/* A weight must have the shape the config implies; its type must be one we can read. */
+static int check_weight(const weight *w, const char *name, int64_t rows, int64_t cols,
+                        const char *file, char *err)
+{
+    if (!w->data)
+        return fasa_error(err, FASA_EMISMATCH, "'%s': missing tensor '%s'", file, name);
+    if (w->rows != rows || w->cols != cols)
+        return fasa_error(err, FASA_EMISMATCH,
+                          "'%s': tensor '%s' is %lld x %lld but the config implies %lld x %lld",
+                          file, name, (long long)w->rows, (long long)w->cols, (long long)rows,
+                          (long long)cols);
+    if (!gguf_type_known(w->type))
+        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': tensor '%s' has unsupported type %u",
+                          file, name, w->type);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- tensor lookup by role */
+
+/* Names of each role in the two naming schemes. */
+enum role { R_EMBD, R_OUT_NORM, R_OUTPUT, R_ATTN_NORM, R_Q, R_K, R_V, R_O, R_FFN_NORM, R_GATE,
+            R_UP, R_DOWN, R_BQ, R_BK, R_BV, R_COUNT };
+static const char *const gguf_names[R_COUNT] = {
+    "token_embd.weight", "output_norm.weight", "output.weight", "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight",
+    "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight", "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias", "blk.%d.attn_v.bias",
+};
+static const char *const hf_names[R_COUNT] = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
+    "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
+    "model.layers.%d.self_attn.o_proj.weight", "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight", "model.layers.%d.self_attn.q_proj.bias",
+    "model.layers.%d.self_attn.k_proj.bias", "model.layers.%d.self_attn.v_proj.bias",
+};
+
+static int st_to_type(st_dtype t)
+{
+    switch (t) {
+    case ST_F32: return GGUF_TYPE_F32;
+    case ST_F16: return GGUF_TYPE_F16;
+    case ST_BF16: return GGUF_TYPE_BF16;
+    default: return -1;
+    }
+}
+
+/* Finds a role's tensor; a missing tensor gives w->data == NULL. */
+static int find_weight(const model *m, enum role r, int layer, weight *w, char *name, char *err)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(name, 128, m->source == MODEL_SOURCE_GGUF ? gguf_names[r] : hf_names[r], layer);
+    if (m->source == MODEL_SOURCE_GGUF) {
+        const gguf_tensor *t = gguf_find_tensor(m->file, name);
+        if (!t) return 0;
+        if (t->n_dims > 2)
+            return fasa_error(err, FASA_EMISMATCH, "'%s': tensor '%s' has %u dims, expected <= 2",
+                              m->path, name, t->n_dims);
+        *w = (weight){ t->type, t->n_dims == 2 ? t->ne[1] : 1, t->ne[0], t->data };
+    } else {
+        const st_file *owner;
+        const st_tensor *t = st_sharded_find(m->file, name, &owner);
+        if (!t) return 0;
+        int type = st_to_type(t->dtype);
+        if (type < 0)
+            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': tensor '%s' has unsupported dtype %s",
+                              owner->path, name, st_dtype_name(t->dtype));
+        if (t->n_dims < 1 || t->n_dims > 2)
+            return fasa_error(err, FASA_EMISMATCH, "'%s': tensor '%s' has %d dims, expected 1 or 2",
+                              owner->path, name, t->n_dims);
+        *w = (weight){ (uint32_t)type, t->n_dims == 2 ? t->shape[0] : 1,
+                       t->shape[t->n_dims - 1], t->data };
+    }
+    return 0;
+}
+
+static int load_vector(model *m, enum role r, int layer, int64_t n, float **out, int required,
+                       char *err)
+{
+    char name[128];
+    weight w;
+    int rc = find_weight(m, r, layer, &w, name, err);
+    if (rc < 0) return rc;
+    *out = NULL;
+    if (!w.data && !required) return 0;
+    if ((rc = check_weight(&w, name, 1, n, m->path, err)) < 0) return rc;
+    if (!(*out = malloc(n * sizeof(float)))) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    weight_row(&w, 0, *out);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- config from GGUF */
+
+static int gguf_u32_key(gguf_file *g, const char *arch, const char *suffix, int *out, int required,
+                        const char *path, char *err)
+{
+    char key[128];
+    uint32_t v;
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_get_u32(g, key, &v) < 0) {
+        if (!required) return 0;
+        return fasa_error(err, FASA_EFORMAT, "'%s': missing or malformed key '%s'", path, key);
+    }
+    if (v > (1u << 30)) return fasa_error(err, FASA_EFORMAT, "'%s': key '%s' = %u is out of range", path, key, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int config_from_gguf(model *m, char *err)
+{
+    gguf_file *g = m->file;
+    model_config *c = &m->cfg;
+    gguf_str s;
+    char arch[32];
+    if (gguf_get_str(g, "general.architecture", &s) < 0 || s.len == 0 || s.len >= sizeof arch)
+        return fasa_error(err, FASA_EFORMAT, "'%s': missing 'general.architecture'", m->path);
+    memcpy(arch, s.ptr, s.len);
+    arch[s.len] = 0;
+    if (!strcmp(arch, "llama")) c->arch = MODEL_ARCH_LLAMA, c->layout = ROPE_LAYOUT_INTERLEAVED;
+    else if (!strcmp(arch, "qwen2")) c->arch = MODEL_ARCH_QWEN2, c->layout = ROPE_LAYOUT_HF, c->qkv_bias = 1;
+    else return fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported architecture '%s'", m->path, arch);
+    if (gguf_get_str(g, "general.name", &s) == 0)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
+    int rc;
+    if ((rc = gguf_u32_key(g, arch, "block_count", &c->n_layer, 1, m->path, err)) < 0 ||
+        (rc = gguf_u32_key(g, arch, "embedding_length", &c->d_model, 1, m->path, err)) < 0 ||
+        (rc = gguf_u32_key(g, arch, "feed_forward_length", &c->d_ff, 1, m->path, err)) < 0 ||
+        (rc = gguf_u32_key(g, arch, "attention.head_count", &c->n_head, 1, m->path, err)) < 0)
+        return rc;
+    c->n_kv_head = c->n_head;
+    c->n_ctx_train = 4096;
+    if ((rc = gguf_u32_key(g, arch, "attention.head_count_kv", &c->n_kv_head, 0, m->path, err)) < 0 ||
+        (rc = gguf_u32_key(g, arch, "context_length", &c->n_ctx_train, 0, m->path, err)) < 0)
+        return rc;
+    c->d_head = c->n_head ? c->d_model / c->n_head : 0;
+    if ((rc = gguf_u32_key(g, arch, "attention.key_length", &c->d_head, 0, m->path, err)) < 0) return rc;
+    int rot = c->d_head;
+    if ((rc = gguf_u32_key(g, arch, "rope.dimension_count", &rot, 0, m->path, err)) < 0) return rc;
+    if (rot != c->d_head)
+        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': partial rotary embeddings (%d of %d dims) are not supported",
+                          m->path, rot, c->d_head);
+    char key[128];
+    c->rope_theta = 10000.0f;
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    gguf_get_f32(g, key, &c->rope_theta);
+    c->norm_eps = 1e-5f;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    gguf_get_f32(g, key, &c->norm_eps);
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(g, key, &s) == 0 && s.len == 6 && !memcmp(s.ptr, "linear", 6)) {
+        c->rope_scaling = ROPE_SCALING_LINEAR;
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        gguf_get_f32(g, key, &c->rope_factor);
+    }
+    const gguf_tensor *tv = gguf_find_tensor(g, "token_embd.weight");
+    if (!tv || tv->n_dims != 2)
+        return fasa_error(err, FASA_EMISMATCH, "'%s': missing tensor 'token_embd.weight'", m->path);
+    c->n_vocab = (int)tv->ne[1];
+    c->tied_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- config from config.json */
+
+static double json_num(const cJSON *o, const char *key, double def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static int config_from_json(model *m, const char *path, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
+    char *buf = NULL;
+    long len = 0;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64 << 20) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(len + 1)) && fread(buf, 1, len, f) == (size_t)len) {
+        buf[len] = 0;
+    } else {
+        free(buf);
+        fclose(f);
+        return fasa_error(err, FASA_EIO, "cannot read '%s'", path);
+    }
+    fclose(f);
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return fasa_error(err, FASA_EFORMAT, "'%s': not a JSON object", path);
+    }
+    model_config *c = &m->cfg;
+    int rc = 0;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
+    if (!strcmp(type, "llama")) c->arch = MODEL_ARCH_LLAMA;
+    else if (!strcmp(type, "mistral")) c->arch = MODEL_ARCH_MISTRAL;
+    else if (!strcmp(type, "qwen2")) c->arch = MODEL_ARCH_QWEN2, c->qkv_bias = 1;
+    else { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
+    c->layout = ROPE_LAYOUT_HF;
+    c->n_layer = (int)json_num(j, "num_hidden_layers", 0);
+    c->d_model = (int)json_num(j, "hidden_size", 0);
+    c->d_ff = (int)json_num(j, "intermediate_size", 0);
+    c->n_head = (int)json_num(j, "num_attention_heads", 0);
+    c->n_kv_head = (int)json_num(j, "num_key_value_heads", c->n_head);
+    c->d_head = c->n_head > 0 ? c->d_model / c->n_head : 0;
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
+    if (cJSON_IsNumber(hd)) c->d_head = hd->valueint;
+    c->n_vocab = (int)json_num(j, "vocab_size", 0);
+    c->n_ctx_train = (int)json_num(j, "max_position_embeddings", 4096);
+    c->norm_eps = (float)json_num(j, "rms_norm_eps", 1e-6);
+    c->tied_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "attention_bias"))) c->qkv_bias = 1;
+    /* RoPE: either top-level rope_theta + rope_scaling, or (newer) one rope_parameters object. */
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    c->rope_theta = (float)json_num(cJSON_IsObject(rp) ? rp : j, "rope_theta", json_num(j, "rope_theta", 10000.0));
+    if (cJSON_IsObject(rs)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        const char *rt = cJSON_IsString(t) ? t->valuestring : "default";
+        c->rope_factor = (float)json_num(rs, "factor", 1.0);
+        if (!strcmp(rt, "llama3")) {
+            c->rope_scaling = ROPE_SCALING_LLAMA3;
+            c->rope_low_freq_factor = (float)json_num(rs, "low_freq_factor", 1.0);
+            c->rope_high_freq_factor = (float)json_num(rs, "high_freq_factor", 4.0);
+            c->rope_orig_ctx = (int)json_num(rs, "original_max_position_embeddings", 8192);
+        } else if (!strcmp(rt, "linear")) {
+            c->rope_scaling = ROPE_SCALING_LINEAR;
+        } else if (strcmp(rt, "default")) {
+            rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported rope scaling '%s'", path, rt);
+        }
+    }
+out:
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- opening */
+
+static int is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int open_gguf(model *m, char *err)
+{
+    gguf_file *g = calloc(1, sizeof *g);
+    if (!g) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    m->file = g;
+    int rc = gguf_open(g, m->path, err);
+    if (rc < 0) { free(g); m->file = NULL; return rc; }
+    if ((rc = config_from_gguf(m, err)) < 0) return rc;
+
+    /* Tokenizer from tokenizer.ggml.* arrays. */
+    const gguf_kv *kt = gguf_find_kv(g, "tokenizer.ggml.tokens");
+    const gguf_kv *km = gguf_find_kv(g, "tokenizer.ggml.merges");
+    const gguf_kv *ky = gguf_find_kv(g, "tokenizer.ggml.token_type");
+    gguf_str model_name, pre = { "default", 7 };
+    if (!kt || kt->type != GGUF_VT_ARRAY || kt->arr_type != GGUF_VT_STRING)
+        return 0;   /* no tokenizer: fine for ids-only use; model->tok stays NULL */
+    if (gguf_get_str(g, "tokenizer.ggml.model", &model_name) < 0 || model_name.len != 4 ||
+        memcmp(model_name.ptr, "gpt2", 4))
+        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': only byte-level BPE tokenizers (gpt2) are supported", m->path);
+    gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+    uint64_t nv = kt->arr_n, nm = km && km->type == GGUF_VT_ARRAY && km->arr_type == GGUF_VT_STRING ? km->arr_n : 0;
+    if (nv > (1u << 24) || nm > (1u << 24))
+        return fasa_error(err, FASA_EFORMAT, "'%s': tokenizer arrays are too large", m->path);
+    gguf_str *ts = calloc(nv + nm + 1, sizeof *ts);
+    const char **ptrs = calloc(nv + nm + 1, sizeof *ptrs);
+    uint64_t *lens = calloc(nv + nm + 1, sizeof *lens);
+    int32_t *types = ky && ky->type == GGUF_VT_ARRAY && ky->arr_n == nv ? calloc(nv + 1, sizeof *types) : NULL;
+    char prebuf[64];
+    snprintf(prebuf, sizeof prebuf, "%.*s", (int)(pre.len < 63 ? pre.len : 63), pre.ptr);
+    if (!ts || !ptrs || !lens) rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+    else if (gguf_arr_strs(kt, ts) < 0 || (nm && gguf_arr_strs(km, ts + nv) < 0) ||
+             (types && gguf_arr_i32(ky, types) < 0))
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': malformed tokenizer arrays", m->path);
+    else {
+        for (uint64_t i = 0; i < nv + nm; i++) ptrs[i] = ts[i].ptr, lens[i] = ts[i].len;
+        rc = tokenizer_load_vocab(&m->tok, (int)nv, ptrs, lens, types, (int)nm, ptrs + nv, lens + nv,
+                                  prebuf, err);
+        if (rc < 0) {
+            char inner[FASA_ERRLEN];
+            snprintf(inner, sizeof inner, "%s", err);
+            rc = fasa_error(err, rc, "'%s': tokenizer: %s", m->path, inner);
+        }
+    }
+    if (rc == 0 && m->tok) {
+        uint32_t bos, eos;
+        int b = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) == 0 ? (int)bos : -1;
+        int e = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos) == 0 ? (int)eos : -1;
+        /* For chat, the end of a turn is what ends generation. */
+        int eot = tokenizer_find(m->tok, "<|im_end|>");
+        if (eot < 0) eot = tokenizer_find(m->tok, "<|eot_id|>");
+        tokenizer_set_special(m->tok, b, eot >= 0 ? eot : e);
+    }
+    free(ts); free(ptrs); free(lens); free(types);
+    return rc;
+}
+
+static int open_hf(model *m, const char *dir, char *err)
+{
+    char p[1024];
+    int rc;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if ((rc = config_from_json(m, p, err)) < 0) return rc;
+    st_sharded *s = calloc(1, sizeof *s);
+    if (!s) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    m->file = s;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    struct stat st;
+    if (stat(p, &st) == 0) {
+        rc = st_sharded_open(s, p, err);
+    } else {
+        /* One file: the path given, or model.safetensors in the directory. */
+        s->files = calloc(1, sizeof(st_file));
+        if (!s->files) return fasa_error(err, FASA_ENOMEM, "out of memory");
+        if (ends_with(m->path, ".safetensors")) snprintf(p, sizeof p, "%s", m->path);
+        else snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        rc = st_open(s->files, p, err);
+        if (rc == 0) s->n_files = 1;
+    }
+    if (rc < 0) return rc;
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    if (stat(p, &st) == 0) {
+        if ((rc = tokenizer_load_json(&m->tok, p, err)) < 0) return rc;
+    }
+    const char *slash = strrchr(dir, '/');
+    snprintf(m->name, sizeof m->name, "%s", slash && slash[1] ? slash + 1 : dir);
+    return 0;
+}
+
+static int load_weights(model *m, char *err)
+{
+    model_config *c = &m->cfg;
+    const int d = c->d_model, qd = c->n_head * c->d_head, kvd = c->n_kv_head * c->d_head;
+    char name[128];
+    int rc;
+    weight w;
+    const char *file = m->path;
+
+#define GET(role, layer, dst, rows, cols)                                              \
+    do {                                                                               \
+        if ((rc = find_weight(m, role, layer, &w, name, err)) < 0) return rc;          \
+        if ((rc = check_weight(&w, name, rows, cols, file, err)) < 0) return rc;       \
+        dst = w;                                                                       \
+        m->n_params += (rows) * (int64_t)(cols);                                       \
+        m->weight_bytes += weight_bytes(&w);                                           \
+    } while (0)
+
+    GET(R_EMBD, 0, m->tok_embd, c->n_vocab, d);
+    if ((rc = find_weight(m, R_OUTPUT, 0, &w, name, err)) < 0) return rc;
+    if (w.data && !c->tied_embeddings) {
+        GET(R_OUTPUT, 0, m->output, c->n_vocab, d);
+    } else {
+        c->tied_embeddings = 1;
+        m->output = m->tok_embd;
+    }
+    if (!(m->layers = calloc(c->n_layer, sizeof *m->layers)))
+        return fasa_error(err, FASA_ENOMEM, "out of memory");
+    float *norm;
+    if ((rc = load_vector(m, R_OUT_NORM, 0, d, &norm, 1, err)) < 0) return rc;
+    m->out_norm = (weight){ GGUF_TYPE_F32, 1, d, norm };
+    for (int l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        GET(R_Q, l, L->wq, qd, d);
+        GET(R_K, l, L->wk, kvd, d);
+        GET(R_V, l, L->wv, kvd, d);
+        GET(R_O, l, L->wo, d, qd);
+        GET(R_GATE, l, L->w_gate, c->d_ff, d);
+        GET(R_UP, l, L->w_up, c->d_ff, d);
+        GET(R_DOWN, l, L->w_down, d, c->d_ff);
+        if ((rc = load_vector(m, R_ATTN_NORM, l, d, &norm, 1, err)) < 0) return rc;
+        L->attn_norm = (weight){ GGUF_TYPE_F32, 1, d, norm };
+        if ((rc = load_vector(m, R_FFN_NORM, l, d, &norm, 1, err)) < 0) return rc;
+        L->ffn_norm = (weight){ GGUF_TYPE_F32, 1, d, norm };
+        if ((rc = load_vector(m, R_BQ, l, qd, &L->bq, c->qkv_bias, err)) < 0 ||
+            (rc = load_vector(m, R_BK, l, kvd, &L->bk, c->qkv_bias, err)) < 0 ||
+            (rc = load_vector(m, R_BV, l, kvd, &L->bv, c->qkv_bias, err)) < 0)
+            return rc;
+    }
+#undef GET
+    m->n_params += (int64_t)d * (1 + 2 * c->n_layer);
+    return 0;
+}
+
+/* Identity chunk order: canonical pair c holds frequency chunk c. */
+static int rope_tables(model *m, char *err)
+{
+    const model_config *c = &m->cfg;
+    const int half = c->d_head / 2, n = c->n_layer * c->n_kv_head;
+    m->rope_src = malloc(sizeof(int16_t) * n * c->d_head);
+    m->rope_freq = malloc(sizeof(float) * n * half);
+    float *theta = malloc(sizeof(float) * half);
+    if (!m->rope_src || !m->rope_freq || !theta) { free(theta); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+    model_rope_freqs(c, theta);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < half; j++) {
+            int16_t *src = m->rope_src + (size_t)i * c->d_head + 2 * j;
+            if (c->layout == ROPE_LAYOUT_HF) src[0] = j, src[1] = j + half;
+            else src[0] = 2 * j, src[1] = 2 * j + 1;
+            m->rope_freq[(size_t)i * half + j] = theta[j];
+        }
+    free(theta);
+    return 0;
+}
+
+int model_open(model **out, const char *path, char *err)
+{
+    *out = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
+    model *m = calloc(1, sizeof *m);
+    if (!m) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    snprintf(m->path, sizeof m->path, "%s", path);
+    int rc;
+    if (S_ISDIR(st.st_mode)) {
+        m->source = MODEL_SOURCE_SAFETENSORS;
+        rc = open_hf(m, path, err);
+    } else if (ends_with(path, ".safetensors")) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+        m->source = MODEL_SOURCE_SAFETENSORS;
+        rc = open_hf(m, dir, err);
+    } else {
+        m->source = MODEL_SOURCE_GGUF;
+        rc = open_gguf(m, err);
+    }
+    if (rc == 0) rc = config_check(&m->cfg, path, err);
+    if (rc == 0) rc = load_weights(m, err);
+    if (rc == 0) rc = rope_tables(m, err);
+    if (rc == 0 && m->tok && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)
+        rc = fasa_error(err, FASA_EMISMATCH, "'%s': tokenizer has %d tokens but the model only %d",
+                        path, tokenizer_n_vocab(m->tok), m->cfg.n_vocab);
+    if (rc < 0) {
+        model_close(m);
+        return rc;
+    }
+    (void)is_dir;
+    *out = m;
+    return 0;
+}
+
+void model_close(model *m)
+{
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            layer_weights *L = &m->layers[l];
+            free((void *)L->attn_norm.data);
+            free((void *)L->ffn_norm.data);
+            free(L->bq); free(L->bk); free(L->bv);
+        }
+        free(m->layers);
+    }
+    free((void *)m->out_norm.data);
+    if (m->file) {
+        if (m->source == MODEL_SOURCE_GGUF) gguf_close(m->file);
+        else st_sharded_close(m->file);
+        free(m->file);
+    }
+    tokenizer_free(m->tok);
+    free(m->rope_src);
+    free(m->rope_freq);
+    free(m);
+}

@@ -1,0 +1,117 @@
+/* model.h - configuration, weights and the CPU forward pass of Llama-family decoders.
+ *
+ *   model *m;  char err[FASA_ERRLEN];
+ *   if (model_open(&m, "SmolLM2-135M-Instruct.Q4_1.gguf", err) < 0) ...;   // or an HF directory
+ *   run_state *s = run_state_new(m, 4096, 64, err);      // context 4096, batches of up to 64
+ *   model_forward(m, s, ids, n, 0, logits, 0);           // prefill: logits of the last position
+ *   model_forward(m, s, &next, 1, n, logits, 0);         // one decode step
+ *   run_state_free(s); model_close(m);
+ *
+ * MODEL may be a GGUF file, a Hugging Face directory (config.json, model.safetensors or a sharded
+ * index, tokenizer.json), or a .safetensors file with those beside it.
+ *
+ * RoPE layouts. Hugging Face checkpoints rotate dims (j, j + d/2) by theta_j ("rotate_half");
+ * llama.cpp's GGUF files rotate (2j, 2j + 1). Inside fasa there is one canonical layout: frequency
+ * chunk j occupies dims (2c, 2c + 1) where c is the chunk's slot in the per-KV-head chunk order
+ * (identity unless a converted model says otherwise). q and k are rotated and gathered into that
+ * layout right after their projections, so the KV cache, attention, TIP and calibration only ever
+ * see canonical pairs, whatever the file's layout was. A wrong layout would not crash, only
+ * degrade: tests load one tiny model written in both layouts and demand equal logits.
+ */
+#ifndef FASA_MODEL_H
+#define FASA_MODEL_H
+
+#include <stdint.h>
+
+#include "common.h"
+#include "kvcache.h"
+#include "ops.h"
+#include "tokenizer.h"
+
+enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_MISTRAL, MODEL_ARCH_QWEN2 };
+enum rope_layout { ROPE_LAYOUT_HF, ROPE_LAYOUT_INTERLEAVED };
+enum rope_scaling { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3 };
+enum model_source { MODEL_SOURCE_GGUF, MODEL_SOURCE_SAFETENSORS };
+
+typedef struct model_config {
+    enum model_arch arch;
+    int n_layer, d_model, n_head, n_kv_head, d_head, d_ff, n_vocab, n_ctx_train;
+    float rope_theta, norm_eps;
+    enum rope_scaling rope_scaling;
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_orig_ctx;
+    int tied_embeddings, qkv_bias;
+    enum rope_layout layout;     /* of the file's q/k projection rows */
+} model_config;
+
+typedef struct layer_weights {
+    weight attn_norm;            /* (d_model) f32 */
+    weight wq, wk, wv, wo;       /* (n_head*d_head, d_model) (n_kv*d_head, d_model) x2, (d_model, n_head*d_head) */
+    float *bq, *bk, *bv;         /* (n_head*d_head), (n_kv*d_head) x2: owned f32 copies, or NULL */
+    weight ffn_norm;             /* (d_model) */
+    weight w_gate, w_up, w_down; /* (d_ff, d_model) x2, (d_model, d_ff) */
+} layer_weights;
+
+typedef struct model model;
+struct model {
+    model_config cfg;
+    enum model_source source;
+    char path[512];
+    char name[128];
+    weight tok_embd;             /* (n_vocab, d_model) */
+    weight out_norm;             /* (d_model) */
+    weight output;               /* (n_vocab, d_model); = tok_embd when tied */
+    layer_weights *layers;       /* (n_layer) */
+    float *norms;                /* owned f32 copies of every norm vector */
+    tokenizer *tok;
+    /* RoPE in canonical layout: for every (layer, kv head) and canonical pair c, the file dims
+     * of its two components and its angular frequency. */
+    int16_t *rope_src;           /* (n_layer, n_kv_head, d_head) file dim of canonical dim */
+    float *rope_freq;            /* (n_layer, n_kv_head, d_head/2) theta of canonical pair */
+    int64_t n_params;
+    size_t weight_bytes;
+    void *file;                  /* gguf_file or st_sharded */
+};
+
+int  model_open(model **out, const char *path, char *err);
+void model_close(model *m);
+
+/* Frequencies theta_j, j < d_head/2, after scaling (llama3 / linear). */
+void model_rope_freqs(const model_config *c, float *theta);
+
+/* Attention observers see every query against the cache (calibration, benchmarks). */
+struct run_state;
+
+typedef struct attn_obs {
+    /* Called once per (token, layer, query head) after the token's k/v are cached, before the
+     * softmax: q is the rotated query (canonical layout, d_head), pos its position; the cache
+     * holds positions 0..pos for that layer. May run concurrently on several threads for
+     * different (token, head) pairs. */
+    void (*on_query)(void *ctx, const model *m, const struct run_state *s, int layer, int head,
+                     int pos, const float *q);
+    void *ctx;
+} attn_obs;
+
+typedef struct run_state {
+    int n_ctx, n_batch;
+    int n_past;                  /* tokens in the cache */
+    kvcache kv;
+    /* scratch, (n_batch, ...) */
+    float *x, *xb, *q, *k, *v, *att_out, *ffa, *ffb;   /* (n_batch, width) */
+    float *scores;               /* (n_threads, n_ctx) */
+    int n_threads;
+    float *logits;               /* (n_batch, n_vocab) */
+    const attn_obs *obs;
+} run_state;
+
+run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err);
+void run_state_free(run_state *s);
+void run_state_reset(run_state *s);
+
+/* Runs n tokens at positions s->n_past.., appends them to the cache. If all_logits, writes
+ * (n, n_vocab) logits to s->logits, else only the last position's (row 0). Returns 0 or < 0
+ * (context full). */
+int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
+                  char *err);
+
+#endif
