@@ -1,0 +1,164 @@
+/* End-to-end: the fasa binary on tiny generated models, on bad input, and on the real model
+ * when setup has installed it. FASA_BIN names the binary (make test sets it). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fixtures.h"
+#include "gguf.h"
+
+static const char *fasa_bin(void)
+{
+    const char *b = getenv("FASA_BIN");
+    return b && *b ? b : "bin/fasa";
+}
+
+/* Runs "fasa <args>", returns the exit status; stdout and stderr into malloc'd strings. */
+static int fasa(const char *args, char **out, char **err)
+{
+    char *dir = tmpdir_make();
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", fasa_bin(), args, dir, dir);
+    int st = system(cmd);
+    char p[600];
+    char **dst[2] = { out, err };
+    const char *names[2] = { "out", "err" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        FILE *f = fopen(p, "rb");
+        char *buf = calloc(1, 1 << 20);
+        if (f) { size_t n = fread(buf, 1, (1 << 20) - 1, f); buf[n] = 0; fclose(f); }
+        if (dst[i]) *dst[i] = buf; else free(buf);
+    }
+    tmpdir_remove(dir);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+static void expect_one_line_error(const char *args, const char *needle)
+{
+    char *out, *err;
+    int rc = fasa(args, &out, &err);
+    cr_expect_neq(rc, 0, "'fasa %s' succeeded", args);
+    cr_expect_lt(rc, 128, "'fasa %s' crashed", args);
+    cr_expect_eq(count_lines(err), 1, "'fasa %s' stderr is not one line: %s", args, err);
+    cr_expect(strncmp(err, "fasa: ", 6) == 0, "'%s'", err);
+    cr_expect(strstr(err, needle) != NULL, "'fasa %s': '%s' lacks '%s'", args, err, needle);
+    free(out);
+    free(err);
+}
+
+Test(cli, usage_and_bad_flags)
+{
+    char *out, *err;
+    cr_expect_eq(fasa("", &out, &err), 2);
+    cr_expect(strstr(err, "usage: fasa") != NULL);
+    free(out); free(err);
+    cr_expect_eq(fasa("run --help", &out, &err), 0);
+    cr_expect(strstr(out, "--mode") != NULL);
+    free(out); free(err);
+    expect_one_line_error("frobnicate", "'frobnicate' is not a fasa command");
+    expect_one_line_error("run /nonexistent/m.gguf hi", "cannot open '/nonexistent/m.gguf'");
+    expect_one_line_error("run -m /nonexistent/m.gguf -n abc hi", "option '--n-predict' needs an integer");
+    expect_one_line_error("inspect /nonexistent/dir", "cannot open '/nonexistent/dir'");
+    expect_one_line_error("calibrate x", "not built yet");
+}
+
+Test(cli, tiny_model_logits_and_atomic_outputs)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 12 });
+    char *dir = tmpdir_make();
+    char gguf[600], ids[600], dump[600], args[2400];
+    snprintf(gguf, sizeof gguf, "%s/tiny.gguf", dir);
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    snprintf(dump, sizeof dump, "%s/logits.f32", dir);
+    cr_assert_eq(tiny_write_gguf(&t, gguf, GGUF_TYPE_F32), 0);
+    int32_t tok[20];
+    FILE *f = fopen(ids, "w");
+    for (int i = 0; i < 20; i++) fprintf(f, "%d ", tok[i] = (i * 13 + 5) % t.s.n_vocab);
+    fclose(f);
+    char *out, *err;
+    snprintf(args, sizeof args, "run %s --ids %s -n 6 --print-ids --dump-logits %s", gguf, ids, dump);
+    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    int n = 0;
+    for (char *p = out, *end;; p = end, n++) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        cr_expect(v >= 0 && v < t.s.n_vocab);
+    }
+    cr_expect_eq(n, 6, "printed %d ids: '%s'", n, out);
+    cr_expect(strstr(err, "tok/s") != NULL, "no speed line: %s", err);
+    struct stat st;
+    cr_assert_eq(stat(dump, &st), 0);
+    cr_assert_eq(st.st_size, (off_t)(20 * t.s.n_vocab * sizeof(float)));
+    float *lg = malloc(st.st_size);
+    f = fopen(dump, "rb");
+    cr_assert_eq(fread(lg, 1, st.st_size, f), (size_t)st.st_size);
+    fclose(f);
+    double *ref = malloc(sizeof(double) * 20 * t.s.n_vocab), md = 0, mr = 0;
+    tiny_forward_ref(&t, tok, 20, ref);
+    for (int i = 0; i < 20 * t.s.n_vocab; i++) md = fmax(md, fabs(lg[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
+    cr_expect_lt(md / mr, 1e-5, "dumped logits vs reference: %g", md / mr);
+    free(out); free(err); free(lg); free(ref);
+    /* an output that cannot be written: error, and nothing half-written left behind */
+    snprintf(args, sizeof args, "run %s --ids %s -n 1 --dump-logits %s/no/such/dir/x.f32", gguf, ids, dir);
+    expect_one_line_error(args, "cannot create");
+    /* bad ids */
+    f = fopen(ids, "w");
+    fputs("1 2 99999", f);
+    fclose(f);
+    snprintf(args, sizeof args, "run %s --ids %s -n 1", gguf, ids);
+    expect_one_line_error(args, "token id 99999 is outside the vocabulary");
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+/* ---------------------------------------------------------------- the real model */
+
+static const char *real_model(void)
+{
+    static char path[1024];
+    const char *env = getenv("FASA_MODEL");
+    if (env && access(env, R_OK) == 0) return env;
+    const char *bin = fasa_bin();
+    const char *slash = strrchr(bin, '/');
+    snprintf(path, sizeof path, "%.*s/../models/SmolLM2-135M-Instruct.Q4_1.gguf",
+             slash ? (int)(slash - bin) : 1, slash ? bin : ".");
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
+Test(cli, real_model_inspect)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("real_model_inspect: default model not installed (run scripts/setup.sh)");
+    char *out, *err, args[1200];
+    snprintf(args, sizeof args, "inspect %s --json", m);
+    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "\"n_layer\":\t30") != NULL, "%s", out);
+    cr_expect(strstr(out, "\"n_kv_head\":\t3") != NULL);
+    cr_expect(strstr(out, "\"rope_layout\":\t\"interleaved\"") != NULL);
+    free(out); free(err);
+}
+
+Test(cli, real_model_chat_answer, .timeout = 300)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("real_model_chat_answer: default model not installed (run scripts/setup.sh)");
+    char *out, *err, args[1200];
+    snprintf(args, sizeof args, "run %s -n 40 --temp 0 'What is the capital of France?'", m);
+    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "Paris") != NULL, "greedy answer lacks 'Paris': %s", out);
+    free(out); free(err);
+}

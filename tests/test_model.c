@@ -1,0 +1,219 @@
+/* Tiny generated models: every load path against a double-precision reference forward pass. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixtures.h"
+#include "gguf.h"
+#include "model.h"
+
+#define N_TOK 40
+
+static void ids_for(int32_t *ids, int n, int vocab)
+{
+    for (int i = 0; i < n; i++) ids[i] = (i * 37 + 11) % vocab;
+}
+
+/* Runs the model over ids (in batches of `batch`) and returns (n, vocab) logits. */
+static float *run_all(const char *path, const int32_t *ids, int n, int batch, int *vocab)
+{
+    char err[FASA_ERRLEN];
+    model *m;
+    int rc = model_open(&m, path, err);
+    cr_assert_eq(rc, 0, "model_open(%s): %s", path, err);
+    run_state *s = run_state_new(m, 256, batch, err);
+    cr_assert_not_null(s, "%s", err);
+    *vocab = m->cfg.n_vocab;
+    float *out = malloc(sizeof(float) * n * *vocab);
+    for (int i = 0; i < n; i += batch) {
+        int nb = n - i < batch ? n - i : batch;
+        cr_assert_eq(model_forward(m, s, ids + i, nb, 1, err), 0, "%s", err);
+        memcpy(out + (size_t)i * *vocab, s->logits, sizeof(float) * nb * *vocab);
+    }
+    run_state_free(s);
+    model_close(m);
+    return out;
+}
+
+/* max |a - ref| / max |ref| */
+static double rel_diff(const float *a, const double *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs(a[i] - ref[i]));
+        mr = fmax(mr, fabs(ref[i]));
+    }
+    return md / mr;
+}
+
+static double rel_diff_ff(const float *a, const float *b, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs(a[i] - b[i]));
+        mr = fmax(mr, fabs(b[i]));
+    }
+    return md / mr;
+}
+
+static void check_arch(enum tiny_arch arch, int tied)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = arch, .tied = tied, .seed = 3 + arch });
+    char *dir = tmpdir_make();
+    char gpath[600];
+    snprintf(gpath, sizeof gpath, "%s/tiny.gguf", dir);
+    cr_assert_eq(tiny_write_hf(&t, dir), 0);
+    cr_assert_eq(tiny_write_gguf(&t, gpath, GGUF_TYPE_F32), 0);
+    int32_t ids[N_TOK];
+    ids_for(ids, N_TOK, t.s.n_vocab);
+    double *ref = malloc(sizeof(double) * N_TOK * t.s.n_vocab);
+    tiny_forward_ref(&t, ids, N_TOK, ref);
+    int V;
+    float *hf = run_all(dir, ids, N_TOK, 16, &V);
+    float *gg = run_all(gpath, ids, N_TOK, 16, &V);
+    double d_hf = rel_diff(hf, ref, (size_t)N_TOK * V), d_gg = rel_diff(gg, ref, (size_t)N_TOK * V);
+    double d_both = rel_diff_ff(gg, hf, (size_t)N_TOK * V);
+    cr_expect_lt(d_hf, 1e-5, "safetensors vs reference: %g", d_hf);
+    cr_expect_lt(d_gg, 1e-5, "gguf vs reference: %g", d_gg);
+    cr_expect_lt(d_both, 1e-5, "gguf vs safetensors: %g", d_both);
+    free(ref); free(hf); free(gg);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+Test(model, llama_hf_and_gguf_match_reference) { check_arch(TINY_LLAMA, 0); }
+Test(model, llama_tied_embeddings) { check_arch(TINY_LLAMA, 1); }
+Test(model, qwen2_bias_hf_and_gguf_match_reference) { check_arch(TINY_QWEN2, 0); }
+
+/* A GGUF whose q/k rows were not interleaved loads fine but must not match: the layout matters. */
+Test(model, wrong_rope_layout_degrades)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 5, .gguf_no_permute = 1 });
+    char *dir = tmpdir_make();
+    char gpath[600];
+    snprintf(gpath, sizeof gpath, "%s/wrong.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, gpath, GGUF_TYPE_F32), 0);
+    int32_t ids[N_TOK];
+    ids_for(ids, N_TOK, t.s.n_vocab);
+    double *ref = malloc(sizeof(double) * N_TOK * t.s.n_vocab);
+    tiny_forward_ref(&t, ids, N_TOK, ref);
+    int V;
+    float *gg = run_all(gpath, ids, N_TOK, 8, &V);
+    double d = rel_diff(gg, ref, (size_t)N_TOK * V);
+    cr_expect_gt(d, 1e-2, "a wrongly laid-out file matched the reference (%g)", d);
+    free(ref); free(gg);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+/* Prefill in one batch, in odd batches, and one token at a time: the same numbers. */
+Test(model, batch_sizes_agree)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 9 });
+    char *dir = tmpdir_make();
+    cr_assert_eq(tiny_write_hf(&t, dir), 0);
+    int32_t ids[N_TOK];
+    ids_for(ids, N_TOK, t.s.n_vocab);
+    int V;
+    float *a = run_all(dir, ids, N_TOK, 64, &V);
+    float *b = run_all(dir, ids, N_TOK, 7, &V);
+    float *c = run_all(dir, ids, N_TOK, 1, &V);
+    cr_expect_lt(rel_diff_ff(b, a, (size_t)N_TOK * V), 1e-6);
+    cr_expect_lt(rel_diff_ff(c, a, (size_t)N_TOK * V), 1e-6);
+    free(a); free(b); free(c);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+/* Quantised files: the forward pass on Q8_0 / Q4_1 weights stays near the f32 one. */
+Test(model, quantized_gguf_close_to_f32)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 4, .d_model = 64, .d_ff = 128 });
+    char *dir = tmpdir_make();
+    char p32[600], p8[600], p4[600];
+    snprintf(p32, sizeof p32, "%s/f32.gguf", dir);
+    snprintf(p8, sizeof p8, "%s/q8.gguf", dir);
+    snprintf(p4, sizeof p4, "%s/q4.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, p32, GGUF_TYPE_F32), 0);
+    cr_assert_eq(tiny_write_gguf(&t, p8, GGUF_TYPE_Q8_0), 0);
+    cr_assert_eq(tiny_write_gguf(&t, p4, GGUF_TYPE_Q4_1), 0);
+    int32_t ids[16];
+    ids_for(ids, 16, t.s.n_vocab);
+    int V;
+    float *a = run_all(p32, ids, 16, 16, &V), *b = run_all(p8, ids, 16, 16, &V), *c = run_all(p4, ids, 16, 16, &V);
+    double d8 = rel_diff_ff(b, a, (size_t)16 * V), d4 = rel_diff_ff(c, a, (size_t)16 * V);
+    cr_expect_lt(d8, 0.05, "q8_0 vs f32: %g", d8);
+    cr_expect_lt(d4, 0.5, "q4_1 vs f32: %g", d4);
+    cr_expect_gt(d4, d8, "q4_1 (%g) should be coarser than q8_0 (%g)", d4, d8);
+    free(a); free(b); free(c);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+static void expect_open_fails(const char *path, const char *needle)
+{
+    char err[FASA_ERRLEN] = "";
+    model *m = NULL;
+    int rc = model_open(&m, path, err);
+    cr_expect_lt(rc, 0, "opening %s should fail", path);
+    cr_expect_null(m);
+    cr_expect(strstr(err, needle) != NULL, "message '%s' lacks '%s'", err, needle);
+    cr_expect(strchr(err, '\n') == NULL, "message has a newline: '%s'", err);
+}
+
+Test(model, bad_inputs_give_one_clear_line)
+{
+    expect_open_fails("/nonexistent/model.gguf", "/nonexistent/model.gguf");
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 2 });
+    char *dir = tmpdir_make();
+    cr_assert_eq(tiny_write_hf(&t, dir), 0);
+    char path[600], cmd[1400];
+    /* config.json claims more layers than the file has */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 3/' %s/config.json", dir);
+    cr_assert_eq(system(cmd), 0);
+    expect_open_fails(dir, "missing tensor 'model.layers.2.self_attn.q_proj.weight'");
+    /* config.json's dims disagree with the tensors */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 2/; s/\"num_key_value_heads\": 2/\"num_key_value_heads\": 4/' %s/config.json", dir);
+    cr_assert_eq(system(cmd), 0);
+    expect_open_fails(dir, "k_proj.weight' is 32 x 64 but the config implies 64 x 64");
+    /* not JSON */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"model_type\": \"llama\", ", f);
+    fclose(f);
+    expect_open_fails(dir, "config.json': not a JSON object");
+    /* an unknown architecture */
+    f = fopen(path, "w");
+    fputs("{\"model_type\": \"gpt_neox\"}", f);
+    fclose(f);
+    expect_open_fails(dir, "unsupported model_type 'gpt_neox'");
+    /* a truncated GGUF */
+    snprintf(path, sizeof path, "%s/t.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+    snprintf(cmd, sizeof cmd, "truncate -s 5000 %s", path);
+    cr_assert_eq(system(cmd), 0);
+    expect_open_fails(path, path);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+Test(model, rope_llama3_scaling_frequencies)
+{
+    model_config c = { .d_head = 128, .rope_theta = 500000, .rope_scaling = ROPE_SCALING_LLAMA3,
+                       .rope_factor = 8, .rope_low_freq_factor = 1, .rope_high_freq_factor = 4,
+                       .rope_orig_ctx = 8192 };
+    float th[64];
+    model_rope_freqs(&c, th);
+    /* High frequencies (short wavelengths) are untouched, low ones divided by the factor. */
+    cr_expect_float_eq(th[0], 1.0f, 1e-7);
+    double base63 = pow(500000.0, -126.0 / 128);
+    cr_expect(fabs(th[63] - base63 / 8) < 1e-6 * base63, "th[63] = %g", th[63]);
+    for (int j = 1; j < 64; j++) cr_expect_leq(th[j], th[j - 1]);
+}
