@@ -42,11 +42,11 @@ int die(const char *fmt, ...)
 
 const char *default_model_path(void)
 {
-    static char buf[PATH_MAX];
+    static char buf[PATH_MAX + 64];
     const char *name = "SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *env = getenv("FASA_MODEL");
     if (env && *env) return env;
-    char exe[PATH_MAX];
+    char exe[PATH_MAX - 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = 0;

@@ -24,6 +24,7 @@ typedef struct weight {
 size_t weight_bytes(const weight *w);
 /* Dequantise row r of w into out[cols]. */
 void weight_row(const weight *w, int64_t r, float *out);
+void weight_row_ref(const weight *w, int64_t r, float *out);   /* formats/gguf's scalar dequant */
 
 /* y[i*rows + r] = dot(row r of W, x[i*cols ..]) for i < n. OpenMP over rows. */
 void ops_matmul(float *y, const weight *w, const float *x, int n);
