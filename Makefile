@@ -51,8 +51,7 @@ verify: bin/fasa
 	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa
 
 sanitize:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-		LDLIBS_EXTRA=-fsanitize=address,undefined test
+	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
 
 clean:
 	rm -rf build build-asan bin
