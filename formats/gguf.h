@@ -68,7 +68,12 @@ typedef struct gguf_file {
 } gguf_file;
 
 /* Pure parser: no I/O. Checks every length, count, offset and size for bounds and overflow.
- * Tensor data must lie inside buf, be aligned, and not overlap. Does not copy buf. */
+ * Tensor data must lie inside buf, be aligned, and not overlap. Does not copy buf.
+ * Also rejected: duplicate keys or tensor names, unknown value or tensor types, arrays nested
+ * more than 8 deep, n_dims outside 1..4, any ne of 0 (ggml tolerates empty tensors; no model we
+ * load has one), ne[0] not a multiple of the block, general.alignment that is not a non-zero
+ * u32 power of two. Bools are one byte, any non-zero value reads as true. On failure *g is
+ * zeroed (gguf_close is harmless) and err names g's file ("gguf: ..." for a bare buffer). */
 int  gguf_parse(gguf_file *g, const void *buf, size_t len, char *err);
 int  gguf_open(gguf_file *g, const char *path, char *err);   /* mmap + parse; messages name path */
 void gguf_close(gguf_file *g);                               /* also frees what gguf_parse allocated */
@@ -76,8 +81,9 @@ void gguf_close(gguf_file *g);                               /* also frees what 
 const gguf_kv     *gguf_find_kv(const gguf_file *g, const char *key);
 const gguf_tensor *gguf_find_tensor(const gguf_file *g, const char *name);
 
-/* Typed getters: 0 on success, negative when missing or of an incompatible type. Integer
- * getters accept any integer type whose value fits. */
+/* Typed getters: 0 on success, FASA_EARG when the key is missing, FASA_EFORMAT when its value
+ * has an incompatible type or does not fit. Integer getters accept any integer type whose value
+ * fits (not bools). */
 int gguf_get_u32(const gguf_file *g, const char *key, uint32_t *out);
 int gguf_get_i64(const gguf_file *g, const char *key, int64_t *out);
 int gguf_get_f32(const gguf_file *g, const char *key, float *out);    /* F32 or F64 */
@@ -86,8 +92,9 @@ int gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
 /* Array elements. Strings of an array are found by walking; gguf_arr_strs fills out[0..n) in one
  * pass (caller allocates kv->arr_n entries). */
 int gguf_arr_strs(const gguf_kv *kv, gguf_str *out);
-int gguf_arr_i32(const gguf_kv *kv, int32_t *out);   /* I32/U32/I8/U8/... converted */
-int gguf_arr_f32(const gguf_kv *kv, float *out);
+int gguf_arr_i32(const gguf_kv *kv, int32_t *out);   /* I32/U32/I8/U8/... converted; FASA_EFORMAT
+                                                      * if one does not fit in int32 */
+int gguf_arr_f32(const gguf_kv *kv, float *out);     /* F32 or F64 elements */
 
 /* Types. */
 const char *gguf_type_name(uint32_t type);       /* "Q4_1"; NULL if unknown */
@@ -105,10 +112,15 @@ uint16_t gguf_f32_to_f16(float f);
 float    gguf_bf16_to_f32(uint16_t h);
 uint16_t gguf_f32_to_bf16(float f);
 
-/* Quantisers for fixtures and tests (reference, not fast): n a multiple of the block. */
+/* Quantisers for fixtures and tests (reference, not fast): n a multiple of the block. Plain
+ * round-to-nearest with scales rounded up so nothing clips; Q4_K/Q6_K are valid but not
+ * ggml's error-minimising search. */
 void gguf_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 
-/* Writer for fixtures: builds a GGUF v3 file in memory, then writes it atomically. */
+/* Writer for fixtures: builds a GGUF v3 file in memory, then writes it atomically. Metadata is
+ * kept in insertion order; each tensor's data is padded to general.alignment (32 unless set
+ * with gguf_w_u32). Errors (bad tensor shape, out of memory) are remembered and reported by
+ * gguf_writer_write; the bytes are checked with gguf_parse before anything is written. */
 typedef struct gguf_writer gguf_writer;
 gguf_writer *gguf_writer_new(void);
 void gguf_writer_free(gguf_writer *w);
@@ -123,5 +135,10 @@ void gguf_w_arr_f32(gguf_writer *w, const char *key, const float *v, uint64_t n)
 void gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                    const int64_t *ne, const void *data);
 int  gguf_writer_write(gguf_writer *w, const char *path, char *err);  /* temp file + rename */
+/* Any metadata value given as its encoded bytes (what follows the u32 type in the file), for
+ * the types without a helper: U8..F64, nested arrays. */
+void gguf_w_value(gguf_writer *w, const char *key, uint32_t vtype, const void *value, size_t nbytes);
+/* The file's bytes without writing it: *out is malloc'ed, the caller frees it. */
+int  gguf_writer_bytes(gguf_writer *w, uint8_t **out, size_t *len, char *err);
 
 #endif

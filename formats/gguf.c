@@ -1,0 +1,1266 @@
+/* gguf.c - GGUF v2/v3 parser, fixture writer, and scalar block (de)quantisers.
+ *
+ * The parser treats the buffer as hostile: every count is checked against the bytes left before
+ * anything proportional to it is allocated or looped over, every addition and multiplication of
+ * file-supplied numbers is overflow-checked, and multi-byte values are assembled byte by byte so
+ * unaligned fields are fine. Messages are one line and name the file.
+ */
+#include "gguf.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define GGUF_MAX_DEPTH 8            /* arrays nested deeper than this are rejected */
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define QK_K 256
+
+/* Smallest encodings, used to bound hostile counts before allocating: a metadata entry is at
+ * least a u64 key length, a u32 type and a 1-byte value; a tensor info at least a u64 name
+ * length, u32 n_dims, one u64 dimension, u32 type and u64 offset. */
+#define MIN_KV_BYTES 13
+#define MIN_TENSOR_INFO_BYTES 32
+
+/* ---- little-endian loads and stores ---------------------------------------------------- */
+
+static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t ld64(const uint8_t *p) { return (uint64_t)ld32(p) | (uint64_t)ld32(p + 4) << 32; }
+static float ldf32(const uint8_t *p) { uint32_t u = ld32(p); float f; memcpy(&f, &u, 4); return f; }
+static double ldf64(const uint8_t *p) { uint64_t u = ld64(p); double d; memcpy(&d, &u, 8); return d; }
+
+static void st16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void st32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void st64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
+
+/* ---- types -------------------------------------------------------------------------------- */
+
+typedef struct type_info { uint32_t type; const char *name; int64_t block; size_t bytes; } type_info;
+
+static const type_info TYPES[] = {
+    { GGUF_TYPE_F32,  "F32",  1,    4 },
+    { GGUF_TYPE_F16,  "F16",  1,    2 },
+    { GGUF_TYPE_Q4_0, "Q4_0", 32,   2 + 16 },
+    { GGUF_TYPE_Q4_1, "Q4_1", 32,   2 + 2 + 16 },
+    { GGUF_TYPE_Q8_0, "Q8_0", 32,   2 + 32 },
+    { GGUF_TYPE_Q4_K, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2 },
+    { GGUF_TYPE_Q6_K, "Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2 },
+    { GGUF_TYPE_BF16, "BF16", 1,    2 },
+};
+
+static const type_info *type_find(uint32_t type)
+{
+    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        if (TYPES[i].type == type) return &TYPES[i];
+    return NULL;
+}
+
+const char *gguf_type_name(uint32_t type)
+{
+    const type_info *t = type_find(type);
+    return t ? t->name : NULL;
+}
+
+int gguf_type_known(uint32_t type) { return type_find(type) != NULL; }
+
+int64_t gguf_type_block(uint32_t type)
+{
+    const type_info *t = type_find(type);
+    return t ? t->block : 0;
+}
+
+size_t gguf_type_block_bytes(uint32_t type)
+{
+    const type_info *t = type_find(type);
+    return t ? t->bytes : 0;
+}
+
+size_t gguf_row_bytes(uint32_t type, int64_t n)
+{
+    const type_info *t = type_find(type);
+    if (!t || n < 0) return 0;
+    return (size_t)(n / t->block) * t->bytes;
+}
+
+/* Size of one fixed-size metadata value; 0 for strings, arrays and unknown types. */
+static size_t vtype_size(uint32_t vt)
+{
+    switch (vt) {
+    case GGUF_VT_U8: case GGUF_VT_I8: case GGUF_VT_BOOL: return 1;
+    case GGUF_VT_U16: case GGUF_VT_I16: return 2;
+    case GGUF_VT_U32: case GGUF_VT_I32: case GGUF_VT_F32: return 4;
+    case GGUF_VT_U64: case GGUF_VT_I64: case GGUF_VT_F64: return 8;
+    default: return 0;
+    }
+}
+
+/* ---- error messages ----------------------------------------------------------------------- */
+
+/* "'path': problem", or "gguf: problem" for a buffer parsed from memory. */
+static int fail(const char *name, char *err, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(const char *name, char *err, int status, const char *fmt, ...)
+{
+    char msg[FASA_ERRLEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (name && name[0]) return fasa_error(err, status, "'%s': %s", name, msg);
+    return fasa_error(err, status, "gguf: %s", msg);
+}
+
+/* A file-supplied string made safe for a one-line message: truncated, control bytes as '?'. */
+typedef struct shown { char s[96]; } shown;
+
+static shown show(gguf_str str)
+{
+    shown out;
+    size_t n = str.len < sizeof out.s - 4 ? (size_t)str.len : sizeof out.s - 4;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)str.ptr[i];
+        out.s[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+    }
+    if (n < str.len) memcpy(out.s + n, "...", 3), n += 3;
+    out.s[n] = 0;
+    return out;
+}
+
+/* ---- parser ------------------------------------------------------------------------------- */
+
+typedef struct reader {
+    const uint8_t *buf;
+    size_t len, pos;
+    const char *name;
+    char *err;
+} reader;
+
+static size_t left(const reader *r) { return r->len - r->pos; }
+
+static int need(reader *r, uint64_t n, const char *what)
+{
+    if (n <= left(r)) return 0;
+    return fail(r->name, r->err, FASA_EFORMAT,
+                "truncated: %s needs %llu bytes at offset %zu but the file has %zu",
+                what, (unsigned long long)n, r->pos, r->len);
+}
+
+static int read_u32(reader *r, uint32_t *v, const char *what)
+{
+    if (need(r, 4, what) < 0) return FASA_EFORMAT;
+    *v = ld32(r->buf + r->pos);
+    r->pos += 4;
+    return 0;
+}
+
+static int read_u64(reader *r, uint64_t *v, const char *what)
+{
+    if (need(r, 8, what) < 0) return FASA_EFORMAT;
+    *v = ld64(r->buf + r->pos);
+    r->pos += 8;
+    return 0;
+}
+
+static int read_str(reader *r, gguf_str *s, const char *what)
+{
+    uint64_t n;
+    if (read_u64(r, &n, what) < 0 || need(r, n, what) < 0) return FASA_EFORMAT;
+    s->ptr = (const char *)r->buf + r->pos;
+    s->len = n;
+    r->pos += (size_t)n;
+    return 0;
+}
+
+static int skip_array(reader *r, uint32_t et, uint64_t n, int depth, gguf_str key);
+
+static int skip_value(reader *r, uint32_t vt, int depth, gguf_str key)
+{
+    size_t sz = vtype_size(vt);
+    if (sz) {
+        if (need(r, sz, "a metadata value") < 0) return FASA_EFORMAT;
+        r->pos += sz;
+        return 0;
+    }
+    if (vt == GGUF_VT_STRING) {
+        gguf_str s;
+        return read_str(r, &s, "a metadata string");
+    }
+    if (vt == GGUF_VT_ARRAY) {
+        uint32_t et;
+        uint64_t n;
+        if (depth >= GGUF_MAX_DEPTH)
+            return fail(r->name, r->err, FASA_EFORMAT,
+                        "metadata '%s' nests arrays more than %d deep", show(key).s, GGUF_MAX_DEPTH);
+        if (read_u32(r, &et, "an array header") < 0 || read_u64(r, &n, "an array header") < 0)
+            return FASA_EFORMAT;
+        return skip_array(r, et, n, depth + 1, key);
+    }
+    return fail(r->name, r->err, FASA_EFORMAT, "metadata '%s' has unknown value type %u",
+                show(key).s, vt);
+}
+
+/* Strings and arrays are walked element by element, but only after the count has been checked
+ * against their smallest encoding, so a hostile count costs no more than the file's size. */
+static int skip_array(reader *r, uint32_t et, uint64_t n, int depth, gguf_str key)
+{
+    size_t sz = vtype_size(et);
+    size_t min = sz ? sz : et == GGUF_VT_STRING ? 8 : et == GGUF_VT_ARRAY ? 12 : 0;
+    if (!min)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "metadata '%s' is an array of unknown value type %u", show(key).s, et);
+    if (n > left(r) / min)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "metadata '%s' claims %llu array elements but only %zu bytes remain",
+                    show(key).s, (unsigned long long)n, left(r));
+    if (sz) {
+        r->pos += (size_t)n * sz;
+        return 0;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (skip_value(r, et, depth, key) < 0) return FASA_EFORMAT;
+    return 0;
+}
+
+static int str_cmp(gguf_str a, gguf_str b)
+{
+    size_t n = a.len < b.len ? (size_t)a.len : (size_t)b.len;
+    int c = n ? memcmp(a.ptr, b.ptr, n) : 0;
+    if (c) return c;
+    return a.len < b.len ? -1 : a.len > b.len;
+}
+
+static int str_eq(gguf_str a, const char *b)
+{
+    size_t n = strlen(b);
+    return a.len == n && memcmp(a.ptr, b, n) == 0;
+}
+
+static int cmp_kv_key(const void *a, const void *b)
+{
+    return str_cmp((*(const gguf_kv *const *)a)->key, (*(const gguf_kv *const *)b)->key);
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return str_cmp((*(const gguf_tensor *const *)a)->name, (*(const gguf_tensor *const *)b)->name);
+}
+
+static int cmp_tensor_offset(const void *a, const void *b)
+{
+    uint64_t x = (*(const gguf_tensor *const *)a)->offset, y = (*(const gguf_tensor *const *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+static int parse_header(reader *r, gguf_file *g)
+{
+    if (need(r, 4, "the magic") < 0) return FASA_EFORMAT;
+    const uint8_t *m = r->buf;
+    if (memcmp(m, "GGUF", 4) != 0)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "not a GGUF file (magic %02x %02x %02x %02x, expected 'GGUF')", m[0], m[1], m[2], m[3]);
+    r->pos = 4;
+    if (read_u32(r, &g->version, "the version") < 0) return FASA_EFORMAT;
+    if (g->version != 2 && g->version != 3) {
+        uint32_t swapped = __builtin_bswap32(g->version);
+        if (swapped == 2 || swapped == 3)
+            return fail(r->name, r->err, FASA_EUNSUPPORTED,
+                        "big-endian GGUF (version %u) is not supported", swapped);
+        return fail(r->name, r->err, FASA_EUNSUPPORTED,
+                    "GGUF version %u is not supported (only 2 and 3)", g->version);
+    }
+    if (read_u64(r, &g->n_tensors, "the tensor count") < 0 ||
+        read_u64(r, &g->n_kv, "the metadata count") < 0)
+        return FASA_EFORMAT;
+    return 0;
+}
+
+static int parse_kvs(reader *r, gguf_file *g)
+{
+    if (g->n_kv > left(r) / MIN_KV_BYTES)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "metadata count %llu is impossible with %zu bytes left",
+                    (unsigned long long)g->n_kv, left(r));
+    g->kv = calloc(g->n_kv ? (size_t)g->n_kv : 1, sizeof *g->kv);
+    if (!g->kv) return fail(r->name, r->err, FASA_ENOMEM, "out of memory for %llu metadata entries",
+                            (unsigned long long)g->n_kv);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        gguf_kv *kv = &g->kv[i];
+        char what[64];
+        snprintf(what, sizeof what, "the key of metadata entry %llu", (unsigned long long)i);
+        if (read_str(r, &kv->key, what) < 0) return FASA_EFORMAT;
+        snprintf(what, sizeof what, "the type of '%.40s'", show(kv->key).s);
+        if (read_u32(r, &kv->type, what) < 0) return FASA_EFORMAT;
+        if (kv->type == GGUF_VT_ARRAY) {
+            if (read_u32(r, &kv->arr_type, what) < 0 || read_u64(r, &kv->arr_n, what) < 0)
+                return FASA_EFORMAT;
+            kv->value = r->buf + r->pos;
+            if (skip_array(r, kv->arr_type, kv->arr_n, 1, kv->key) < 0) return FASA_EFORMAT;
+        } else {
+            kv->value = r->buf + r->pos;
+            if (skip_value(r, kv->type, 0, kv->key) < 0) return FASA_EFORMAT;
+        }
+    }
+    if (g->n_kv > 1) {
+        gguf_kv **s = malloc((size_t)g->n_kv * sizeof *s);
+        if (!s) return fail(r->name, r->err, FASA_ENOMEM, "out of memory");
+        for (uint64_t i = 0; i < g->n_kv; i++) s[i] = &g->kv[i];
+        qsort(s, (size_t)g->n_kv, sizeof *s, cmp_kv_key);
+        for (uint64_t i = 1; i < g->n_kv; i++)
+            if (str_cmp(s[i - 1]->key, s[i]->key) == 0) {
+                shown k = show(s[i]->key);
+                free(s);
+                return fail(r->name, r->err, FASA_EFORMAT, "duplicate metadata key '%s'", k.s);
+            }
+        free(s);
+    }
+    g->alignment = GGUF_DEFAULT_ALIGNMENT;
+    const gguf_kv *a = gguf_find_kv(g, "general.alignment");
+    if (a) {
+        uint32_t v = a->type == GGUF_VT_U32 ? ld32(a->value) : 0;
+        if (a->type != GGUF_VT_U32 || v == 0 || (v & (v - 1)))
+            return fail(r->name, r->err, FASA_EFORMAT,
+                        "general.alignment must be a u32 power of two (type %u, value %u)", a->type, v);
+        g->alignment = v;
+    }
+    return 0;
+}
+
+/* One tensor info: name, dims, type, offset; then its byte size, all overflow-checked. */
+static int parse_tensor_info(reader *r, gguf_file *g, gguf_tensor *t, uint64_t i)
+{
+    char what[64];
+    snprintf(what, sizeof what, "the name of tensor %llu", (unsigned long long)i);
+    if (read_str(r, &t->name, what) < 0) return FASA_EFORMAT;
+    shown nm = show(t->name);
+    snprintf(what, sizeof what, "the info of tensor '%.40s'", nm.s);
+    if (read_u32(r, &t->n_dims, what) < 0) return FASA_EFORMAT;
+    if (t->n_dims < 1 || t->n_dims > 4)
+        return fail(r->name, r->err, FASA_EFORMAT, "tensor '%s' has %u dimensions (need 1 to 4)",
+                    nm.s, t->n_dims);
+    for (int d = 0; d < 4; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++) {
+        uint64_t ne;
+        if (read_u64(r, &ne, what) < 0) return FASA_EFORMAT;
+        if (ne == 0 || ne > (uint64_t)INT64_MAX)
+            return fail(r->name, r->err, FASA_EFORMAT, "tensor '%s' has dimension %u of size %llu",
+                        nm.s, d, (unsigned long long)ne);
+        t->ne[d] = (int64_t)ne;
+    }
+    if (read_u32(r, &t->type, what) < 0 || read_u64(r, &t->offset, what) < 0) return FASA_EFORMAT;
+    const type_info *ti = type_find(t->type);
+    if (!ti)
+        return fail(r->name, r->err, FASA_EUNSUPPORTED, "tensor '%s' has unsupported type %u",
+                    nm.s, t->type);
+    if (t->ne[0] % ti->block)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "tensor '%s' has ne[0] = %lld, not a multiple of the %s block size %lld",
+                    nm.s, (long long)t->ne[0], ti->name, (long long)ti->block);
+    int64_t rows = 1, n;
+    uint64_t row_bytes;
+    if (__builtin_mul_overflow(t->ne[1], t->ne[2], &rows) ||
+        __builtin_mul_overflow(rows, t->ne[3], &rows) ||
+        __builtin_mul_overflow(t->ne[0], rows, &n) ||
+        __builtin_mul_overflow((uint64_t)(t->ne[0] / ti->block), (uint64_t)ti->bytes, &row_bytes) ||
+        __builtin_mul_overflow(row_bytes, (uint64_t)rows, &t->nbytes))
+        return fail(r->name, r->err, FASA_EFORMAT, "tensor '%s' is too large (size overflows)", nm.s);
+    if (t->offset % g->alignment)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "tensor '%s' offset %llu is not a multiple of the alignment %llu", nm.s,
+                    (unsigned long long)t->offset, (unsigned long long)g->alignment);
+    return 0;
+}
+
+static int parse_tensors(reader *r, gguf_file *g)
+{
+    if (g->n_tensors > left(r) / MIN_TENSOR_INFO_BYTES)
+        return fail(r->name, r->err, FASA_EFORMAT,
+                    "tensor count %llu is impossible with %zu bytes left",
+                    (unsigned long long)g->n_tensors, left(r));
+    g->tensors = calloc(g->n_tensors ? (size_t)g->n_tensors : 1, sizeof *g->tensors);
+    if (!g->tensors) return fail(r->name, r->err, FASA_ENOMEM, "out of memory for %llu tensors",
+                                 (unsigned long long)g->n_tensors);
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (parse_tensor_info(r, g, &g->tensors[i], i) < 0) return FASA_EFORMAT;
+
+    /* pos <= len and alignment <= 2^31, so this cannot overflow 64 bits. */
+    uint64_t data_start = ((uint64_t)r->pos + g->alignment - 1) / g->alignment * g->alignment;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        gguf_tensor *t = &g->tensors[i];
+        uint64_t start, end;
+        if (__builtin_add_overflow(data_start, t->offset, &start) ||
+            __builtin_add_overflow(start, t->nbytes, &end) || end > r->len)
+            return fail(r->name, r->err, FASA_EFORMAT,
+                        "tensor '%s' data [%llu, %llu) lies past the end of the file (size %zu)",
+                        show(t->name).s, (unsigned long long)(data_start + t->offset),
+                        (unsigned long long)(data_start + t->offset + t->nbytes), r->len);
+        t->data = r->buf + start;
+    }
+    if (g->n_tensors < 2) return 0;
+
+    int status = 0;
+    gguf_tensor **s = malloc((size_t)g->n_tensors * sizeof *s);
+    if (!s) return fail(r->name, r->err, FASA_ENOMEM, "out of memory");
+    for (uint64_t i = 0; i < g->n_tensors; i++) s[i] = &g->tensors[i];
+    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_tensor_name);
+    for (uint64_t i = 1; i < g->n_tensors && !status; i++)
+        if (str_cmp(s[i - 1]->name, s[i]->name) == 0)
+            status = fail(r->name, r->err, FASA_EFORMAT, "duplicate tensor name '%s'", show(s[i]->name).s);
+    if (!status) {
+        qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_tensor_offset);
+        for (uint64_t i = 1; i < g->n_tensors && !status; i++) {
+            const gguf_tensor *a = s[i - 1], *b = s[i];
+            if (a->offset + a->nbytes > b->offset)   /* both ends were checked above */
+                status = fail(r->name, r->err, FASA_EFORMAT,
+                              "tensors '%s' and '%s' overlap (data offsets [%llu, %llu) and [%llu, %llu))",
+                              show(a->name).s, show(b->name).s, (unsigned long long)a->offset,
+                              (unsigned long long)(a->offset + a->nbytes),
+                              (unsigned long long)b->offset, (unsigned long long)(b->offset + b->nbytes));
+        }
+    }
+    free(s);
+    return status;
+}
+
+static int parse_named(gguf_file *g, const void *buf, size_t len, const char *name, char *err)
+{
+    memset(g, 0, sizeof *g);
+    reader r = { .buf = buf, .len = len, .pos = 0, .name = name, .err = err };
+    g->buf = buf;
+    g->len = len;
+    int st;
+    if ((st = parse_header(&r, g)) < 0 || (st = parse_kvs(&r, g)) < 0 || (st = parse_tensors(&r, g)) < 0) {
+        free(g->kv);
+        free(g->tensors);
+        memset(g, 0, sizeof *g);
+        return st;
+    }
+    return 0;
+}
+
+int gguf_parse(gguf_file *g, const void *buf, size_t len, char *err)
+{
+    if (!buf && len) return fasa_error(err, FASA_EARG, "gguf: NULL buffer");
+    return parse_named(g, buf ? buf : "", len, NULL, err);
+}
+
+int gguf_open(gguf_file *g, const char *path, char *err)
+{
+    memset(g, 0, sizeof *g);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return fasa_error(err, FASA_EIO, "cannot stat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fasa_error(err, FASA_EIO, "cannot read '%s': not a regular file", path);
+    }
+    size_t len = (size_t)st.st_size;
+    void *map = NULL;
+    if (len) {   /* mmap of zero bytes fails; an empty file is reported by the parser */
+        map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return fasa_error(err, FASA_EIO, "cannot map '%s': %s", path, strerror(e));
+        }
+    }
+    close(fd);
+    int rc = parse_named(g, map ? map : "", len, path, err);
+    if (rc < 0) {
+        if (map) munmap(map, len);
+        return rc;
+    }
+    g->map = map;
+    snprintf(g->path, sizeof g->path, "%s", path);
+    return 0;
+}
+
+void gguf_close(gguf_file *g)
+{
+    if (!g) return;
+    if (g->map) munmap(g->map, g->len);
+    free(g->kv);
+    free(g->tensors);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- lookups and getters ------------------------------------------------------------------ */
+
+const gguf_kv *gguf_find_kv(const gguf_file *g, const char *key)
+{
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (str_eq(g->kv[i].key, key)) return &g->kv[i];
+    return NULL;
+}
+
+const gguf_tensor *gguf_find_tensor(const gguf_file *g, const char *name)
+{
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (str_eq(g->tensors[i].name, name)) return &g->tensors[i];
+    return NULL;
+}
+
+/* An integer value as sign + magnitude-free pair: neg ? s : u holds it exactly. */
+typedef struct intval { int neg; int64_t s; uint64_t u; } intval;
+
+static int int_load(uint32_t vt, const uint8_t *p, intval *v)
+{
+    int64_t s;
+    switch (vt) {
+    case GGUF_VT_U8:  v->neg = 0; v->u = p[0]; return 0;
+    case GGUF_VT_U16: v->neg = 0; v->u = ld16(p); return 0;
+    case GGUF_VT_U32: v->neg = 0; v->u = ld32(p); return 0;
+    case GGUF_VT_U64: v->neg = 0; v->u = ld64(p); return 0;
+    case GGUF_VT_I8:  s = (int8_t)p[0]; break;
+    case GGUF_VT_I16: s = (int16_t)ld16(p); break;
+    case GGUF_VT_I32: s = (int32_t)ld32(p); break;
+    case GGUF_VT_I64: s = (int64_t)ld64(p); break;
+    default: return FASA_EFORMAT;
+    }
+    v->neg = s < 0;
+    v->s = s;
+    v->u = s < 0 ? 0 : (uint64_t)s;
+    return 0;
+}
+
+static const gguf_kv *find_scalar(const gguf_file *g, const char *key, int *st)
+{
+    const gguf_kv *kv = gguf_find_kv(g, key);
+    *st = kv ? 0 : FASA_EARG;
+    return kv;
+}
+
+int gguf_get_u32(const gguf_file *g, const char *key, uint32_t *out)
+{
+    int st;
+    intval v;
+    const gguf_kv *kv = find_scalar(g, key, &st);
+    if (!kv) return st;
+    if (int_load(kv->type, kv->value, &v) < 0 || v.neg || v.u > UINT32_MAX) return FASA_EFORMAT;
+    *out = (uint32_t)v.u;
+    return 0;
+}
+
+int gguf_get_i64(const gguf_file *g, const char *key, int64_t *out)
+{
+    int st;
+    intval v;
+    const gguf_kv *kv = find_scalar(g, key, &st);
+    if (!kv) return st;
+    if (int_load(kv->type, kv->value, &v) < 0 || (!v.neg && v.u > (uint64_t)INT64_MAX))
+        return FASA_EFORMAT;
+    *out = v.neg ? v.s : (int64_t)v.u;
+    return 0;
+}
+
+int gguf_get_f32(const gguf_file *g, const char *key, float *out)
+{
+    int st;
+    const gguf_kv *kv = find_scalar(g, key, &st);
+    if (!kv) return st;
+    if (kv->type == GGUF_VT_F32) *out = ldf32(kv->value);
+    else if (kv->type == GGUF_VT_F64) *out = (float)ldf64(kv->value);
+    else return FASA_EFORMAT;
+    return 0;
+}
+
+int gguf_get_bool(const gguf_file *g, const char *key, int *out)
+{
+    int st;
+    const gguf_kv *kv = find_scalar(g, key, &st);
+    if (!kv) return st;
+    if (kv->type != GGUF_VT_BOOL) return FASA_EFORMAT;
+    *out = kv->value[0] != 0;
+    return 0;
+}
+
+int gguf_get_str(const gguf_file *g, const char *key, gguf_str *out)
+{
+    int st;
+    const gguf_kv *kv = find_scalar(g, key, &st);
+    if (!kv) return st;
+    if (kv->type != GGUF_VT_STRING) return FASA_EFORMAT;
+    out->len = ld64(kv->value);
+    out->ptr = (const char *)kv->value + 8;
+    return 0;
+}
+
+/* The array walkers trust the layout: gguf_parse has already bounds-checked every element. */
+int gguf_arr_strs(const gguf_kv *kv, gguf_str *out)
+{
+    if (kv->type != GGUF_VT_ARRAY || kv->arr_type != GGUF_VT_STRING) return FASA_EFORMAT;
+    const uint8_t *p = kv->value;
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        out[i].len = ld64(p);
+        out[i].ptr = (const char *)p + 8;
+        p += 8 + out[i].len;
+    }
+    return 0;
+}
+
+int gguf_arr_i32(const gguf_kv *kv, int32_t *out)
+{
+    size_t sz = vtype_size(kv->arr_type);
+    intval v;
+    if (kv->type != GGUF_VT_ARRAY || kv->arr_type == GGUF_VT_BOOL || kv->arr_type == GGUF_VT_F32 ||
+        kv->arr_type == GGUF_VT_F64 || sz == 0)
+        return FASA_EFORMAT;
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        int_load(kv->arr_type, kv->value + i * sz, &v);
+        if (v.neg ? v.s < INT32_MIN : v.u > INT32_MAX) return FASA_EFORMAT;
+        out[i] = v.neg ? (int32_t)v.s : (int32_t)v.u;
+    }
+    return 0;
+}
+
+int gguf_arr_f32(const gguf_kv *kv, float *out)
+{
+    if (kv->type != GGUF_VT_ARRAY) return FASA_EFORMAT;
+    if (kv->arr_type == GGUF_VT_F32)
+        for (uint64_t i = 0; i < kv->arr_n; i++) out[i] = ldf32(kv->value + 4 * i);
+    else if (kv->arr_type == GGUF_VT_F64)
+        for (uint64_t i = 0; i < kv->arr_n; i++) out[i] = (float)ldf64(kv->value + 8 * i);
+    else
+        return FASA_EFORMAT;
+    return 0;
+}
+
+/* ---- fp16 / bf16 ---------------------------------------------------------------------------- */
+
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float gguf_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f) return bits_f32(sign | 0x7f800000 | mant << 13);      /* inf, nan + payload */
+    if (exp != 0) return bits_f32(sign | (exp + 112) << 23 | mant << 13);  /* rebias 15 -> 127 */
+    if (mant == 0) return bits_f32(sign);
+    /* Subnormal mant * 2^-24: shift the leading one up to the implicit bit. */
+    uint32_t e = 113;
+    while (!(mant & 0x400)) mant <<= 1, e--;
+    return bits_f32(sign | e << 23 | (mant & 0x3ff) << 13);
+}
+
+/* Rounds x right by `shift` bits, to nearest, ties to even. */
+static uint32_t shr_rne(uint32_t x, int shift)
+{
+    uint32_t q = x >> shift, rem = x & ((1u << shift) - 1), half = 1u << (shift - 1);
+    return q + (rem > half || (rem == half && (q & 1)));
+}
+
+uint16_t gguf_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)(x >> 16 & 0x8000);
+    x &= 0x7fffffff;
+    if (x > 0x7f800000) return sign | 0x7e00 | (uint16_t)(x >> 13 & 0x1ff);  /* quiet nan */
+    if (x >= 0x477ff000) return sign | 0x7c00;       /* >= 65520 rounds past 65504: inf */
+    if (x >= 0x38800000)                              /* normal: >= 2^-14 */
+        /* the carry of rounding may step into the exponent, which is the right answer */
+        return sign | (uint16_t)shr_rne(x - (112u << 23), 13);
+    if (x <= 0x33000000) return sign;                 /* <= 2^-25 (a tie) rounds to zero */
+    /* subnormal: value * 2^24 = mant * 2^(e - 126) with e in 102..112 */
+    uint32_t e = x >> 23, mant = (x & 0x7fffff) | 0x800000;
+    return sign | (uint16_t)shr_rne(mant, (int)(126 - e));
+}
+
+float gguf_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t gguf_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40);   /* keep it a nan */
+    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);   /* overflow to inf is correct */
+}
+
+/* ---- dequantisers --------------------------------------------------------------------------- */
+
+static float f16_at(const uint8_t *p) { return gguf_f16_to_f32(ld16(p)); }
+
+/* Q4_0: f16 d; u8 qs[16]. Value j is the low nibble of qs[j], value j+16 the high nibble. */
+static void dq_q4_0(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)((qs[j] & 0xf) - 8);
+        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+    }
+}
+
+/* Q4_1: f16 d, m; u8 qs[16]; y = d * q + m, same nibble order as Q4_0. */
+static void dq_q4_1(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), m = f16_at(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)(qs[j] & 0xf) + m;
+        y[j + 16] = d * (float)(qs[j] >> 4) + m;
+    }
+}
+
+/* Q8_0: f16 d; i8 qs[32]. */
+static void dq_q8_0(const uint8_t *b, float *y)
+{
+    float d = f16_at(b);
+    for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+}
+
+/* Q4_K's 12 scale bytes hold eight 6-bit scales and eight 6-bit mins: bytes 0-3 are the low six
+ * bits of scales 0-3, bytes 4-7 of mins 0-3; for j >= 4 the low four bits sit in byte j+4
+ * (scale low nibble, min high nibble) and the top two bits in the spare top bits of bytes j-4
+ * (scale) and j (min). */
+static void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* Q4_K: f16 d, dmin; u8 scales[12]; u8 qs[128]. Eight sub-blocks of 32; the 32-byte chunk c of
+ * qs holds sub-block 2c in its low nibbles and sub-block 2c+1 in its high nibbles.
+ * y = d * scale * q - dmin * min. */
+static void dq_q4_k(const uint8_t *b, float *y)
+{
+    float d = f16_at(b), dmin = f16_at(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int c = 0; c < 4; c++) {
+        int sc0, m0, sc1, m1;
+        q4k_scale_min(scales, 2 * c, &sc0, &m0);
+        q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
+        float d0 = d * (float)sc0, dm0 = dmin * (float)m0;
+        float d1 = d * (float)sc1, dm1 = dmin * (float)m1;
+        for (int l = 0; l < 32; l++) {
+            y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 0xf) - dm0;
+            y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - dm1;
+        }
+    }
+}
+
+/* Q6_K: u8 ql[128], qh[64]; i8 scales[16]; f16 d. Each half of 128 values uses 64 ql bytes and
+ * 32 qh bytes: for l < 32, values l, l+32, l+64, l+96 take the low nibble of ql[l], of
+ * ql[l+32], the high nibble of ql[l], of ql[l+32], and bit pairs 0-1, 2-3, 4-5, 6-7 of qh[l].
+ * Sixteen values share a scale; y = d * scale * (q - 32). */
+static void dq_q6_k(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16_at(b + 208);
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+        for (int l = 0; l < 32; l++) {
+            int s = l / 16;
+            int q1 = ((ql[l] & 0xf) | (qh[l] & 3) << 4) - 32;
+            int q2 = ((ql[l + 32] & 0xf) | (qh[l] >> 2 & 3) << 4) - 32;
+            int q3 = ((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32;
+            y[l] = d * (float)sc[s] * (float)q1;
+            y[l + 32] = d * (float)sc[s + 2] * (float)q2;
+            y[l + 64] = d * (float)sc[s + 4] * (float)q3;
+            y[l + 96] = d * (float)sc[s + 6] * (float)q4;
+        }
+    }
+}
+
+void gguf_dequant(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    const uint8_t *p = src;
+    const type_info *ti = type_find(type);
+    assert(ti && n % ti->block == 0);
+    if (!ti) return;
+    int64_t nb = n / ti->block;
+    for (int64_t i = 0; i < nb; i++, p += ti->bytes, dst += ti->block) {
+        switch (type) {
+        case GGUF_TYPE_F32:  dst[0] = ldf32(p); break;
+        case GGUF_TYPE_F16:  dst[0] = gguf_f16_to_f32(ld16(p)); break;
+        case GGUF_TYPE_BF16: dst[0] = gguf_bf16_to_f32(ld16(p)); break;
+        case GGUF_TYPE_Q4_0: dq_q4_0(p, dst); break;
+        case GGUF_TYPE_Q4_1: dq_q4_1(p, dst); break;
+        case GGUF_TYPE_Q8_0: dq_q8_0(p, dst); break;
+        case GGUF_TYPE_Q4_K: dq_q4_k(p, dst); break;
+        case GGUF_TYPE_Q6_K: dq_q6_k(p, dst); break;
+        }
+    }
+}
+
+/* ---- reference quantisers -------------------------------------------------------------------- */
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* A non-negative scale as f16, rounded up so that x / scale never exceeds the intended range. */
+static uint16_t f16_up(float v)
+{
+    uint16_t h = gguf_f32_to_f16(v);
+    if (gguf_f16_to_f32(h) < v && h < 0x7bff) h++;
+    return h;
+}
+
+static void q_q4_0(const float *x, uint8_t *b)
+{
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    /* The extreme value maps to -8, the one code with no positive twin. */
+    uint16_t dh = gguf_f32_to_f16(max / -8);
+    float d = gguf_f16_to_f32(dh), id = d != 0 ? 1 / d : 0;
+    st16(b, dh);
+    for (int j = 0; j < 16; j++) {
+        int lo = clampi((int)lrintf(x[j] * id) + 8, 0, 15);
+        int hi = clampi((int)lrintf(x[j + 16] * id) + 8, 0, 15);
+        b[2 + j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+static void q_q4_1(const float *x, uint8_t *b)
+{
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+    uint16_t dh = f16_up((hi - lo) / 15), mh = gguf_f32_to_f16(lo);
+    float d = gguf_f16_to_f32(dh), m = gguf_f16_to_f32(mh), id = d != 0 ? 1 / d : 0;
+    st16(b, dh);
+    st16(b + 2, mh);
+    for (int j = 0; j < 16; j++) {
+        int a = clampi((int)lrintf((x[j] - m) * id), 0, 15);
+        int c = clampi((int)lrintf((x[j + 16] - m) * id), 0, 15);
+        b[4 + j] = (uint8_t)(a | c << 4);
+    }
+}
+
+static void q_q8_0(const float *x, uint8_t *b)
+{
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    uint16_t dh = f16_up(amax / 127);
+    float d = gguf_f16_to_f32(dh), id = d != 0 ? 1 / d : 0;
+    st16(b, dh);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)clampi((int)lrintf(x[j] * id), -127, 127);
+}
+
+/* Q4_K, simply: each sub-block covers [min(0, lo), hi]; the per-sub-block min (stored as a
+ * non-negative offset) and scale are quantised to 6 bits against super-block maxima, the scale
+ * rounded up so that the range is still covered after the min was rounded. */
+static void q_q4_k(const float *x, uint8_t *b)
+{
+    float off[8], need[8], maxoff = 0;
+    for (int s = 0; s < 8; s++) {
+        float lo = 0, hi = 0;
+        for (int l = 0; l < 32; l++) lo = fminf(lo, x[32 * s + l]), hi = fmaxf(hi, x[32 * s + l]);
+        off[s] = -lo;
+        need[s] = hi - lo;
+        maxoff = fmaxf(maxoff, off[s]);
+    }
+    uint16_t dminh = f16_up(maxoff / 63);
+    float dmin = gguf_f16_to_f32(dminh);
+    int m[8], sc[8];
+    float scale[8], maxscale = 0;
+    for (int s = 0; s < 8; s++) {
+        m[s] = dmin > 0 ? clampi((int)ceilf(off[s] / dmin), 0, 63) : 0;
+        /* with the min rounded up, the top of the range moved up by the same amount */
+        scale[s] = (need[s] + (dmin * (float)m[s] - off[s])) / 15;
+        maxscale = fmaxf(maxscale, scale[s]);
+    }
+    uint16_t dh = f16_up(maxscale / 63);
+    float d = gguf_f16_to_f32(dh);
+    for (int s = 0; s < 8; s++) sc[s] = d > 0 ? clampi((int)ceilf(scale[s] / d), 0, 63) : 0;
+    st16(b, dh);
+    st16(b + 2, dminh);
+    uint8_t *k = b + 4, *qs = b + 16;
+    for (int j = 0; j < 4; j++) {
+        k[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        k[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        k[j + 8] = (uint8_t)((sc[j + 4] & 0xf) | (m[j + 4] & 0xf) << 4);
+    }
+    memset(qs, 0, QK_K / 2);
+    for (int i = 0; i < QK_K; i++) {
+        int s = i / 32;
+        float ds = d * (float)sc[s], dm = dmin * (float)m[s];
+        int q = ds > 0 ? clampi((int)lrintf((x[i] + dm) / ds), 0, 15) : 0;
+        qs[32 * (i / 64) + i % 32] |= (uint8_t)(q << 4 * (i % 64 / 32));
+    }
+}
+
+/* Q6_K, simply: symmetric per 16 values (q in -31..31), scales as int8 against the largest,
+ * rounded away from zero so that no value is clipped. */
+static void q_q6_k(const float *x, uint8_t *b)
+{
+    float want[16], maxw = 0;
+    for (int s = 0; s < 16; s++) {
+        float amax = 0;
+        for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * s + l]));
+        want[s] = amax / 31;
+        maxw = fmaxf(maxw, want[s]);
+    }
+    uint16_t dh = f16_up(maxw / 127);
+    float d = gguf_f16_to_f32(dh);
+    int sc[16];
+    for (int s = 0; s < 16; s++) sc[s] = d > 0 ? clampi((int)ceilf(want[s] / d), 0, 127) : 0;
+    uint8_t *ql = b, *qh = b + 128;
+    memset(b, 0, 192);
+    for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)sc[s];
+    st16(b + 208, dh);
+    for (int i = 0; i < QK_K; i++) {
+        float ds = d * (float)sc[i / 16];
+        int q = (ds > 0 ? clampi((int)lrintf(x[i] / ds), -32, 31) : 0) + 32;
+        int h = i / 128, r = i % 128;
+        ql[64 * h + r % 64] |= (uint8_t)((q & 0xf) << 4 * (r / 64));
+        qh[32 * h + r % 32] |= (uint8_t)((q >> 4) << 2 * (r / 32));
+    }
+}
+
+void gguf_quantize(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    uint8_t *p = dst;
+    const type_info *ti = type_find(type);
+    assert(ti && n % ti->block == 0);
+    if (!ti) return;
+    int64_t nb = n / ti->block;
+    for (int64_t i = 0; i < nb; i++, p += ti->bytes, src += ti->block) {
+        switch (type) {
+        case GGUF_TYPE_F32:  memcpy(p, src, 4); break;
+        case GGUF_TYPE_F16:  st16(p, gguf_f32_to_f16(src[0])); break;
+        case GGUF_TYPE_BF16: st16(p, gguf_f32_to_bf16(src[0])); break;
+        case GGUF_TYPE_Q4_0: q_q4_0(src, p); break;
+        case GGUF_TYPE_Q4_1: q_q4_1(src, p); break;
+        case GGUF_TYPE_Q8_0: q_q8_0(src, p); break;
+        case GGUF_TYPE_Q4_K: q_q4_k(src, p); break;
+        case GGUF_TYPE_Q6_K: q_q6_k(src, p); break;
+        }
+    }
+}
+
+/* ---- writer ------------------------------------------------------------------------------------ */
+
+typedef struct bytes { uint8_t *p; size_t len, cap; } bytes;
+
+typedef struct wtensor {
+    char *name;
+    uint32_t type, n_dims;
+    int64_t ne[4];
+    uint8_t *data;
+    uint64_t nbytes, offset;
+} wtensor;
+
+struct gguf_writer {
+    bytes kv;                 /* encoded metadata entries in insertion order */
+    uint64_t n_kv;
+    wtensor *t;
+    size_t n_t, cap_t;
+    uint32_t alignment;
+    int failed;               /* first error, reported by gguf_writer_write */
+    char error[FASA_ERRLEN];
+};
+
+static void w_fail(gguf_writer *w, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void w_fail(gguf_writer *w, int status, const char *fmt, ...)
+{
+    if (w->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->error, sizeof w->error, fmt, ap);
+    va_end(ap);
+    w->failed = status;
+}
+
+static uint8_t *b_grow(gguf_writer *w, bytes *b, size_t n)
+{
+    if (w->failed) return NULL;
+    if (n > b->cap - b->len) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n) {
+            if (cap > SIZE_MAX / 2) { w_fail(w, FASA_ENOMEM, "out of memory"); return NULL; }
+            cap *= 2;
+        }
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) { w_fail(w, FASA_ENOMEM, "out of memory"); return NULL; }
+        b->p = p;
+        b->cap = cap;
+    }
+    uint8_t *at = b->p + b->len;
+    b->len += n;
+    return at;
+}
+
+static void b_put(gguf_writer *w, bytes *b, const void *src, size_t n)
+{
+    uint8_t *at = b_grow(w, b, n);
+    if (at && n) memcpy(at, src, n);
+}
+static void b_u32(gguf_writer *w, bytes *b, uint32_t v)
+{
+    uint8_t *at = b_grow(w, b, 4);
+    if (at) st32(at, v);
+}
+
+static void b_u64(gguf_writer *w, bytes *b, uint64_t v)
+{
+    uint8_t *at = b_grow(w, b, 8);
+    if (at) st64(at, v);
+}
+static void b_str(gguf_writer *w, bytes *b, const char *s)
+{
+    size_t n = strlen(s);
+    b_u64(w, b, n);
+    b_put(w, b, s, n);
+}
+
+gguf_writer *gguf_writer_new(void)
+{
+    gguf_writer *w = calloc(1, sizeof *w);
+    if (w) w->alignment = GGUF_DEFAULT_ALIGNMENT;
+    return w;
+}
+
+void gguf_writer_free(gguf_writer *w)
+{
+    if (!w) return;
+    for (size_t i = 0; i < w->n_t; i++) free(w->t[i].name), free(w->t[i].data);
+    free(w->t);
+    free(w->kv.p);
+    free(w);
+}
+
+void gguf_w_value(gguf_writer *w, const char *key, uint32_t vtype, const void *value, size_t nbytes)
+{
+    if (strcmp(key, "general.alignment") == 0) {
+        uint32_t v = vtype == GGUF_VT_U32 && nbytes == 4 ? ld32(value) : 0;
+        if (v == 0 || (v & (v - 1)))
+            w_fail(w, FASA_EARG, "general.alignment must be a u32 power of two");
+        else
+            w->alignment = v;
+    }
+    b_str(w, &w->kv, key);
+    b_u32(w, &w->kv, vtype);
+    b_put(w, &w->kv, value, nbytes);
+    w->n_kv++;
+}
+
+void gguf_w_u32(gguf_writer *w, const char *key, uint32_t v)
+{
+    uint8_t b[4];
+    st32(b, v);
+    gguf_w_value(w, key, GGUF_VT_U32, b, 4);
+}
+
+void gguf_w_f32(gguf_writer *w, const char *key, float v)
+{
+    uint8_t b[4];
+    st32(b, f32_bits(v));
+    gguf_w_value(w, key, GGUF_VT_F32, b, 4);
+}
+
+void gguf_w_bool(gguf_writer *w, const char *key, int v)
+{
+    uint8_t b = v != 0;
+    gguf_w_value(w, key, GGUF_VT_BOOL, &b, 1);
+}
+
+void gguf_w_str(gguf_writer *w, const char *key, const char *v)
+{
+    b_str(w, &w->kv, key);
+    b_u32(w, &w->kv, GGUF_VT_STRING);
+    b_str(w, &w->kv, v);
+    w->n_kv++;
+}
+
+static void w_arr_head(gguf_writer *w, const char *key, uint32_t et, uint64_t n)
+{
+    b_str(w, &w->kv, key);
+    b_u32(w, &w->kv, GGUF_VT_ARRAY);
+    b_u32(w, &w->kv, et);
+    b_u64(w, &w->kv, n);
+    w->n_kv++;
+}
+
+void gguf_w_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n)
+{
+    w_arr_head(w, key, GGUF_VT_STRING, n);
+    for (uint64_t i = 0; i < n; i++) b_str(w, &w->kv, v[i]);
+}
+
+void gguf_w_arr_i32(gguf_writer *w, const char *key, const int32_t *v, uint64_t n)
+{
+    w_arr_head(w, key, GGUF_VT_I32, n);
+    for (uint64_t i = 0; i < n; i++) b_u32(w, &w->kv, (uint32_t)v[i]);
+}
+
+void gguf_w_arr_f32(gguf_writer *w, const char *key, const float *v, uint64_t n)
+{
+    w_arr_head(w, key, GGUF_VT_F32, n);
+    for (uint64_t i = 0; i < n; i++) b_u32(w, &w->kv, f32_bits(v[i]));
+}
+
+void gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                   const int64_t *ne, const void *data)
+{
+    if (w->failed) return;
+    const type_info *ti = type_find(type);
+    if (!ti) { w_fail(w, FASA_EARG, "tensor '%s' has unsupported type %u", name, type); return; }
+    if (n_dims < 1 || n_dims > 4) {
+        w_fail(w, FASA_EARG, "tensor '%s' has %u dimensions (need 1 to 4)", name, n_dims);
+        return;
+    }
+    wtensor t = { .type = type, .n_dims = n_dims, .ne = { 1, 1, 1, 1 } };
+    int64_t rows = 1;
+    for (uint32_t d = 0; d < n_dims; d++) {
+        if (ne[d] < 1) {
+            w_fail(w, FASA_EARG, "tensor '%s' has dimension %u of size %lld", name, d, (long long)ne[d]);
+            return;
+        }
+        t.ne[d] = ne[d];
+        if (d > 0 && __builtin_mul_overflow(rows, ne[d], &rows)) {
+            w_fail(w, FASA_EARG, "tensor '%s' is too large", name);
+            return;
+        }
+    }
+    if (t.ne[0] % ti->block) {
+        w_fail(w, FASA_EARG, "tensor '%s' has ne[0] = %lld, not a multiple of the %s block size %lld",
+               name, (long long)t.ne[0], ti->name, (long long)ti->block);
+        return;
+    }
+    if (__builtin_mul_overflow((uint64_t)gguf_row_bytes(type, t.ne[0]), (uint64_t)rows, &t.nbytes) ||
+        t.nbytes > SIZE_MAX) {
+        w_fail(w, FASA_EARG, "tensor '%s' is too large", name);
+        return;
+    }
+    if (w->n_t == w->cap_t) {
+        size_t cap = w->cap_t ? 2 * w->cap_t : 16;
+        wtensor *p = realloc(w->t, cap * sizeof *p);
+        if (!p) { w_fail(w, FASA_ENOMEM, "out of memory"); return; }
+        w->t = p;
+        w->cap_t = cap;
+    }
+    t.name = strdup(name);
+    t.data = malloc(t.nbytes ? (size_t)t.nbytes : 1);
+    if (!t.name || !t.data) {
+        free(t.name), free(t.data);
+        w_fail(w, FASA_ENOMEM, "out of memory for tensor '%s'", name);
+        return;
+    }
+    memcpy(t.data, data, (size_t)t.nbytes);
+    w->t[w->n_t++] = t;
+}
+
+static void b_pad(gguf_writer *w, bytes *b, uint64_t align)
+{
+    size_t pad = (size_t)((align - b->len % align) % align);
+    uint8_t *at = b_grow(w, b, pad);
+    if (at) memset(at, 0, pad);
+}
+
+int gguf_writer_bytes(gguf_writer *w, uint8_t **out, size_t *len, char *err)
+{
+    *out = NULL;
+    *len = 0;
+    bytes b = { 0 };
+    b_put(w, &b, "GGUF", 4);
+    b_u32(w, &b, 3);
+    b_u64(w, &b, w->n_t);
+    b_u64(w, &b, w->n_kv);
+    b_put(w, &b, w->kv.p, w->kv.len);
+    uint64_t off = 0;
+    for (size_t i = 0; i < w->n_t; i++) {
+        wtensor *t = &w->t[i];
+        t->offset = off;
+        off = (off + t->nbytes + w->alignment - 1) / w->alignment * w->alignment;
+        b_str(w, &b, t->name);
+        b_u32(w, &b, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims; d++) b_u64(w, &b, (uint64_t)t->ne[d]);
+        b_u32(w, &b, t->type);
+        b_u64(w, &b, t->offset);
+    }
+    b_pad(w, &b, w->alignment);
+    for (size_t i = 0; i < w->n_t; i++) {
+        b_put(w, &b, w->t[i].data, (size_t)w->t[i].nbytes);
+        b_pad(w, &b, w->alignment);
+    }
+    if (w->failed) {
+        free(b.p);
+        return fasa_error(err, w->failed, "gguf writer: %s", w->error);
+    }
+    /* What we emit must be what we accept: duplicate keys or names are caught here. */
+    gguf_file g;
+    int st = gguf_parse(&g, b.p, b.len, err);
+    if (st < 0) {
+        free(b.p);
+        return st;
+    }
+    gguf_close(&g);
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}
+
+int gguf_writer_write(gguf_writer *w, const char *path, char *err)
+{
+    uint8_t *buf;
+    size_t len;
+    char msg[FASA_ERRLEN];
+    int st = gguf_writer_bytes(w, &buf, &len, msg);
+    if (st < 0) return fasa_error(err, st, "cannot write '%s': %s", path, msg);
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 8);
+    if (!tmp) {
+        free(buf);
+        return fasa_error(err, FASA_ENOMEM, "cannot write '%s': out of memory", path);
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".XXXXXX", 8);   /* same directory, so rename is atomic */
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        st = fasa_error(err, FASA_EIO, "cannot create a temporary file for '%s': %s", path,
+                        strerror(errno));
+        free(tmp);
+        free(buf);
+        return st;
+    }
+    const char *step = "write";
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, buf + done, len - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) { if (n == 0) errno = EIO; goto fail; }
+        done += (size_t)n;
+    }
+    step = "set the mode of";
+    if (fchmod(fd, 0644) < 0) goto fail;
+    step = "sync";
+    if (fsync(fd) < 0) goto fail;
+    step = "close";
+    int rc = close(fd);
+    fd = -1;
+    if (rc < 0) goto fail;
+    step = "rename the temporary file to";
+    if (rename(tmp, path) < 0) goto fail;
+    free(tmp);
+    free(buf);
+    return 0;
+
+fail:
+    st = fasa_error(err, FASA_EIO, "cannot %s '%s': %s", step, path, strerror(errno));
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    free(tmp);
+    free(buf);
+    return st;
+}
