@@ -76,23 +76,26 @@ struct tokenizer {
 
 /* ---- split patterns ---------------------------------------------------------------------
  * The *_JSON strings are the patterns exactly as tokenizer.json writes them; a file is
- * recognised by comparing against them. The compiled forms differ in one respect: Oniguruma
- * (which `tokenizers` uses) counts U+0085 NEL as \s, PCRE2 with UCP does not, so \s and \S
- * are widened to include it. Everything else runs as written. */
+ * recognised by comparing against them. The compiled forms differ in one respect: for
+ * Oniguruma (which `tokenizers` uses) \s is the White_Space property, while PCRE2's \s with UCP
+ * also takes U+180E (a space before Unicode 6.3) and, depending on the version, not U+0085.
+ * So \s and \S are spelled \p{White_Space} and \P{White_Space}; all else runs as written. */
 #define PAT_GPT2_JSON "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define PAT_LLAMA3_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define PAT_QWEN2_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-#define SP "[\\s\\x{85}]"
-#define NSP "[^\\s\\x{85}]"
+#define SP "\\p{White_Space}"
+#define NSP "\\P{White_Space}"
+#define PUNCT "[^\\p{White_Space}\\p{L}\\p{N}]"
 static const char PAT_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\x{85}\\p{L}\\p{N}]+|" SP "+(?!" NSP ")|" SP "+";
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?" PUNCT "+|" SP "+(?!" NSP ")|" SP "+";
 static const char PAT_LLAMA3[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-    " ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+";
+    " ?" PUNCT "+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+";
 static const char PAT_QWEN2[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
-    " ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+";
+    " ?" PUNCT "+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+";
+#undef PUNCT
 #undef SP
 #undef NSP
 
