@@ -78,8 +78,9 @@ struct tokenizer {
  * The *_JSON strings are the patterns exactly as tokenizer.json writes them; a file is
  * recognised by comparing against them. The compiled forms differ in one respect: for
  * Oniguruma (which `tokenizers` uses) \s is the White_Space property, while PCRE2's \s with UCP
- * also takes U+180E (a space before Unicode 6.3) and, depending on the version, not U+0085.
- * So \s and \S are spelled \p{White_Space} and \P{White_Space}; all else runs as written. */
+ * also takes U+180E, which its built-in list of horizontal spaces kept after Unicode 6.3 made it
+ * a format character. So \s and \S are spelled \p{White_Space} and \P{White_Space}; all else
+ * runs as written. */
 #define PAT_GPT2_JSON "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define PAT_LLAMA3_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define PAT_QWEN2_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"

