@@ -21,6 +21,9 @@ const char *default_model_path(void);
 int parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int parse_float(const char *flag, const char *s, double lo, double hi, double *out);
 
+/* Plain English text that every Debian system has: the default calibration sample. */
+#define DEFAULT_SAMPLE "/usr/share/common-licenses/GPL-3"
+
 /* Reads a whole stream or file into a NUL-terminated buffer (caller frees). */
 char *read_all(FILE *f, size_t *len);
 

@@ -13,6 +13,5 @@ static int pending(const char *name, int argc, char **argv)
     return die("'%s' is not built yet in this version", name);
 }
 
-int cmd_calibrate(int argc, char **argv) { return pending("calibrate", argc, argv); }
 int cmd_convert(int argc, char **argv) { return pending("convert", argc, argv); }
 int cmd_bench(int argc, char **argv) { return pending("bench", argc, argv); }

@@ -1,0 +1,244 @@
+/* calibrate.c - the CA observer and the calibration driver. */
+#include "calibrate.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- top-K buckets */
+
+/* A score and its index packed in one integer that sorts like (score desc, index asc): the
+ * float's bits made monotonic, in the high half; the complemented index in the low half. */
+static inline uint64_t pack(float s, uint32_t i)
+{
+    uint32_t u;
+    memcpy(&u, &s, 4);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return (uint64_t)u << 32 | (uint32_t)~i;
+}
+
+/* Quickselect: afterwards a[0..k) hold the k largest of a[0..n), in no order. */
+static void select_top(uint64_t *a, int n, int k)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        /* median of three as pivot */
+        int mid = lo + (hi - lo) / 2;
+        uint64_t x = a[lo], y = a[mid], z = a[hi];
+        uint64_t piv = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i <= j) {
+                uint64_t t = a[i];
+                a[i++] = a[j];
+                a[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
+{
+    for (int i = 0; i < n; i++) scratch[i] = pack(score[i], (uint32_t)i), bucket[i] = (uint8_t)n_k;
+    int hi = n;
+    for (int b = n_k - 1; b >= 0; b--) {
+        int k = ks[b] < n ? ks[b] : n;
+        if (k < hi) select_top(scratch, hi, k);
+        for (int j = 0; j < k; j++) bucket[~(uint32_t)scratch[j]] = (uint8_t)b;
+        hi = k;
+    }
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void calib_buckets_ref(const float *score, int n, const int *ks, int n_k, uint8_t *bucket)
+{
+    uint64_t *a = malloc(sizeof *a * n);
+    for (int i = 0; i < n; i++) a[i] = pack(score[i], (uint32_t)i);
+    qsort(a, n, sizeof *a, cmp_desc);
+    for (int r = 0; r < n; r++) {
+        int b = 0;
+        while (b < n_k && r >= ks[b]) b++;
+        bucket[~(uint32_t)a[r]] = (uint8_t)b;
+    }
+    free(a);
+}
+
+/* ---------------------------------------------------------------- the observer */
+
+typedef struct calib_ctx {
+    const calib_opts *o;
+    int n_prefill;
+    int n_layer, n_head, n_kv, n_chunk, d;
+    int16_t *dims;          /* (n_layer, n_kv, d) chunk c = canonical dims dims[2c], dims[2c+1] */
+    uint64_t *hits;         /* (n_threads, n_k, n_layer, n_head, n_chunk) summed intersections */
+    uint64_t *denom;        /* (n_threads, n_k, n_layer, n_head) summed min(K, t) */
+    int n_threads;
+    /* per-thread scratch, n_ctx each: full + chunk scores, buckets, select scratch */
+    float **scores;
+    uint8_t **buckets;
+    uint64_t **sel;
+    int n_ctx;
+} calib_ctx;
+
+static void on_query(void *vctx, const model *m, const run_state *s, int layer, int head, int pos,
+                     const float *q)
+{
+    calib_ctx *c = vctx;
+    if (pos < c->n_prefill) return;
+    const int tid = omp_get_thread_num(), t = pos + 1, d = c->d, nc = c->n_chunk, nk = c->o->n_k;
+    const int g = head / (c->n_head / c->n_kv);
+    const float *K = kvcache_k(&s->kv, layer, g);
+    const int16_t *dims = c->dims + ((size_t)layer * c->n_kv + g) * d;
+    float *full = c->scores[tid], *cs = full + c->n_ctx;   /* cs: (n_chunk, n_ctx) */
+    uint8_t *bf = c->buckets[tid], *bc = bf + c->n_ctx;
+    uint64_t *sel = c->sel[tid];
+
+    float qa[512], qb[512];
+    for (int j = 0; j < nc; j++) qa[j] = q[dims[2 * j]], qb[j] = q[dims[2 * j + 1]];
+    for (int i = 0; i < t; i++) {
+        const float *k = K + (size_t)i * d;
+        float sum = 0;
+        for (int j = 0; j < nc; j++) {
+            float v = qa[j] * k[dims[2 * j]] + qb[j] * k[dims[2 * j + 1]];
+            cs[(size_t)j * c->n_ctx + i] = v;
+            sum += v;
+        }
+        full[i] = sum;
+    }
+    calib_buckets(full, t, c->o->ks, nk, bf, sel);
+    uint64_t *hits = c->hits + ((((size_t)tid * nk) * c->n_layer + layer) * c->n_head + head) * nc;
+    const size_t kstride = (size_t)c->n_layer * c->n_head * nc;
+    for (int j = 0; j < nc; j++) {
+        calib_buckets(cs + (size_t)j * c->n_ctx, t, c->o->ks, nk, bc, sel);
+        /* a token in both top-K_b sets counts for b and every larger K */
+        uint32_t hist[PROFILE_MAX_K + 1] = { 0 };
+        for (int i = 0; i < t; i++) {
+            int b = bf[i] > bc[i] ? bf[i] : bc[i];
+            hist[b]++;
+        }
+        uint32_t acc = 0;
+        for (int b = 0; b < nk; b++) {
+            acc += hist[b];
+            hits[b * kstride + j] += acc;
+        }
+    }
+    uint64_t *den = c->denom + (((size_t)tid * nk) * c->n_layer + layer) * c->n_head + head;
+    for (int b = 0; b < nk; b++) den[(size_t)b * c->n_layer * c->n_head] += c->o->ks[b] < t ? c->o->ks[b] : t;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+calib_opts calib_defaults(const model *m)
+{
+    calib_opts o = { 0 };
+    static const int ks[] = { 64, 128, 256, 512, 1024, 2048 };
+    o.n_k = 6;
+    memcpy(o.ks, ks, sizeof ks);
+    o.rank_k = 256;
+    o.fcs = m->cfg.d_head / 8;   /* a quarter of the chunks, as the paper's scripts use */
+    o.chunks = CHUNKS_PLANE;
+    o.n_prefill = -1;            /* default: all but the last 256 tokens */
+    return o;
+}
+
+int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o, profile *p, char *err)
+{
+    const model_config *cf = &m->cfg;
+    int n_prefill = o->n_prefill >= 0 ? o->n_prefill : n - 256;
+    if (n_prefill < 1) n_prefill = n / 2;
+    if (n < 2 || n_prefill >= n)
+        return fasa_error(err, FASA_EARG, "the sample (%d tokens) must be longer than the prefill (%d)", n, n_prefill);
+    if (o->n_k < 1 || o->n_k > PROFILE_MAX_K)
+        return fasa_error(err, FASA_EARG, "between 1 and %d values of K", PROFILE_MAX_K);
+    for (int b = 0; b < o->n_k; b++)
+        if (o->ks[b] < 1 || (b && o->ks[b] <= o->ks[b - 1]))
+            return fasa_error(err, FASA_EARG, "K values must be positive and increasing");
+
+    memset(p, 0, sizeof *p);
+    snprintf(p->arch, sizeof p->arch, "%s", cf->arch == MODEL_ARCH_QWEN2 ? "qwen2" : cf->arch == MODEL_ARCH_MISTRAL ? "mistral" : "llama");
+    p->n_layer = cf->n_layer, p->n_head = cf->n_head, p->n_kv_head = cf->n_kv_head;
+    p->d_head = cf->d_head, p->n_chunk = cf->d_head / 2;
+    p->qk_hash = profile_model_hash(m);
+    p->chunks = o->chunks;
+    p->sample_hash = o->sample_hash;
+    p->n_tokens = n, p->n_prefill = n_prefill, p->n_steps = n - n_prefill;
+    p->n_k = o->n_k;
+    memcpy(p->ks, o->ks, sizeof p->ks);
+    p->rank_k = o->rank_k;
+    p->fcs = o->fcs;
+    if (profile_k_index(p, p->rank_k) < 0)
+        return fasa_error(err, FASA_EARG, "the ranking K (%d) must be one of the K values", p->rank_k);
+    if (p->fcs < 1 || p->fcs > p->n_chunk)
+        return fasa_error(err, FASA_EARG, "F must be between 1 and %d chunks", p->n_chunk);
+    int rc = profile_alloc(p, err);
+    if (rc < 0) return rc;
+
+    const int n_batch = 64;
+    run_state *s = run_state_new(m, n, n_batch, err);
+    if (!s) { profile_free(p); return FASA_ENOMEM; }
+    calib_ctx c = { .o = o, .n_prefill = n_prefill, .n_layer = cf->n_layer, .n_head = cf->n_head,
+                    .n_kv = cf->n_kv_head, .n_chunk = p->n_chunk, .d = cf->d_head,
+                    .n_threads = s->n_threads, .n_ctx = n };
+    const size_t per = (size_t)o->n_k * cf->n_layer * cf->n_head;
+    c.dims = malloc(sizeof(int16_t) * cf->n_layer * cf->n_kv_head * cf->d_head);
+    c.hits = calloc((size_t)c.n_threads * per * p->n_chunk, sizeof *c.hits);
+    c.denom = calloc((size_t)c.n_threads * per, sizeof *c.denom);
+    c.scores = calloc(c.n_threads, sizeof *c.scores);
+    c.buckets = calloc(c.n_threads, sizeof *c.buckets);
+    c.sel = calloc(c.n_threads, sizeof *c.sel);
+    int ok = c.dims && c.hits && c.denom && c.scores && c.buckets && c.sel;
+    for (int t = 0; ok && t < c.n_threads; t++) {
+        c.scores[t] = malloc(sizeof(float) * (p->n_chunk + 1) * (size_t)n);
+        c.buckets[t] = malloc(2 * (size_t)n);
+        c.sel[t] = malloc(sizeof(uint64_t) * n);
+        ok = c.scores[t] && c.buckets[t] && c.sel[t];
+    }
+    if (!ok) {
+        rc = fasa_error(err, FASA_ENOMEM, "out of memory for calibration scratch");
+        goto out;
+    }
+    for (int l = 0; l < cf->n_layer; l++)
+        for (int g = 0; g < cf->n_kv_head; g++)
+            profile_chunk_dims(m, l, g, o->chunks, c.dims + ((size_t)l * cf->n_kv_head + g) * cf->d_head);
+
+    attn_obs obs = { on_query, &c };
+    for (int i = 0; i < n; i += n_batch) {
+        int nb = n - i < n_batch ? n - i : n_batch;
+        /* only the batches that hold decode steps need the observer */
+        s->obs = i + nb > n_prefill ? &obs : NULL;
+        if ((rc = model_forward(m, s, ids + i, nb, 0, err)) < 0) goto out;
+        if (o->progress) o->progress(o->progress_ctx, i + nb, n);
+    }
+
+    /* mean CA = sum of intersections / sum of K (each capped at t) */
+    for (size_t b = 0; b < per; b++) {
+        uint64_t den = 0;
+        for (int t = 0; t < c.n_threads; t++) den += c.denom[t * per + b];
+        for (int j = 0; j < p->n_chunk; j++) {
+            uint64_t h = 0;
+            for (int t = 0; t < c.n_threads; t++) h += c.hits[(t * per + b) * p->n_chunk + j];
+            p->ca[b * p->n_chunk + j] = den ? (double)h / den : 0;
+        }
+    }
+    profile_rank_all(p);
+    rc = 0;
+out:
+    for (int t = 0; c.scores && t < c.n_threads; t++) free(c.scores[t]);
+    for (int t = 0; c.buckets && t < c.n_threads; t++) free(c.buckets[t]);
+    for (int t = 0; c.sel && t < c.n_threads; t++) free(c.sel[t]);
+    free(c.scores); free(c.buckets); free(c.sel); free(c.dims); free(c.hits); free(c.denom);
+    run_state_free(s);
+    if (rc < 0) profile_free(p);
+    return rc;
+}
