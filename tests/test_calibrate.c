@@ -1,0 +1,295 @@
+/* Calibration: top-K buckets against a full sort, CA against a brute-force recount, profiles. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calibrate.h"
+#include "fixtures.h"
+#include "gguf.h"
+#include "sampler.h"
+
+Test(calibrate, buckets_match_full_sort)
+{
+    uint64_t r = 3;
+    const int ks[] = { 1, 4, 16, 64 };
+    for (int n = 1; n < 300; n += 13) {
+        float *s = malloc(sizeof(float) * n);
+        uint8_t *b1 = malloc(n), *b2 = malloc(n);
+        uint64_t *scratch = malloc(sizeof(uint64_t) * n);
+        for (int i = 0; i < n; i++) s[i] = (float)(int)(sampler_rand(&r) * 20) - 10;   /* many ties */
+        if (n > 5) s[2] = -0.0f, s[3] = 0.0f;
+        calib_buckets(s, n, ks, 4, b1, scratch);
+        calib_buckets_ref(s, n, ks, 4, b2);
+        cr_expect_eq(memcmp(b1, b2, n), 0, "n=%d", n);
+        /* exactly min(K, n) tokens fall within each top-K */
+        for (int b = 0; b < 4; b++) {
+            int cnt = 0;
+            for (int i = 0; i < n; i++) cnt += b1[i] <= b;
+            cr_expect_eq(cnt, ks[b] < n ? ks[b] : n, "n=%d K=%d", n, ks[b]);
+        }
+        free(s); free(b1); free(b2); free(scratch);
+    }
+}
+
+/* ------------------------------------------------ brute force: one token at a time, qsort */
+
+typedef struct brute {
+    const int *ks;
+    int n_k, n_prefill, n_chunk;
+    int16_t *dims;   /* (n_layer, n_kv, d) */
+    double *hits;    /* (n_k, n_layer, n_head, n_chunk) */
+    double *den;     /* (n_k, n_layer, n_head) */
+    int n_layer, n_head, n_kv;
+} brute;
+
+static const float *sort_scores;
+static int by_score(const void *a, const void *b)
+{
+    int i = *(const int *)a, j = *(const int *)b;
+    if (sort_scores[i] != sort_scores[j]) return sort_scores[i] < sort_scores[j] ? 1 : -1;
+    return i - j;
+}
+
+static void brute_obs(void *ctx, const model *m, const struct run_state *s, int layer, int head, int pos, const float *q)
+{
+    brute *B = ctx;
+    if (pos < B->n_prefill) return;
+    const int t = pos + 1, d = m->cfg.d_head, g = head / (B->n_head / B->n_kv);
+    const float *K = kvcache_k(&s->kv, layer, g);
+    const int16_t *dims = B->dims + ((size_t)layer * B->n_kv + g) * d;
+    float *full = malloc(sizeof(float) * t), *cs = malloc(sizeof(float) * t);
+    int *of = malloc(sizeof(int) * t), *oc = malloc(sizeof(int) * t);
+    for (int i = 0; i < t; i++) {
+        double acc = 0;
+        for (int c = 0; c < d / 2; c++)
+            acc += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
+        full[i] = 0;
+        for (int c = 0; c < d / 2; c++)   /* same summation order as the observer: chunk by chunk, float */
+            full[i] += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
+        (void)acc;
+        of[i] = i;
+    }
+    sort_scores = full;
+    qsort(of, t, sizeof *of, by_score);
+    for (int c = 0; c < d / 2; c++) {
+        for (int i = 0; i < t; i++)
+            cs[i] = q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]], oc[i] = i;
+        sort_scores = cs;
+        qsort(oc, t, sizeof *oc, by_score);
+        for (int b = 0; b < B->n_k; b++) {
+            int k = B->ks[b] < t ? B->ks[b] : t, inter = 0;
+            for (int x = 0; x < k; x++)
+                for (int y = 0; y < k; y++) inter += of[x] == oc[y];
+            B->hits[(((size_t)b * B->n_layer + layer) * B->n_head + head) * (d / 2) + c] += inter;
+        }
+    }
+    for (int b = 0; b < B->n_k; b++)
+        B->den[((size_t)b * B->n_layer + layer) * B->n_head + head] += B->ks[b] < t ? B->ks[b] : t;
+    free(full); free(cs); free(of); free(oc);
+}
+
+static void check_ca(enum chunk_def def, enum tiny_arch arch)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = arch, .seed = 21 });
+    char *dir = tmpdir_make(), path[600], err[FASA_ERRLEN];
+    snprintf(path, sizeof path, "%s/t.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+    model *m;
+    cr_assert_eq(model_open(&m, path, err), 0, "%s", err);
+    const int n = 150;
+    int32_t ids[150];
+    for (int i = 0; i < n; i++) ids[i] = (i * 31 + 7) % t.s.n_vocab;
+    calib_opts o = calib_defaults(m);
+    const int ks[] = { 4, 16, 64, 256 };
+    o.n_k = 4;
+    memcpy(o.ks, ks, sizeof ks);
+    o.rank_k = 16;
+    o.n_prefill = 100;
+    o.chunks = def;
+    profile p;
+    cr_assert_eq(calibrate_run(m, ids, n, &o, &p, err), 0, "%s", err);
+
+    const model_config *c = &m->cfg;
+    brute B = { ks, 4, 100, c->d_head / 2, NULL, NULL, NULL, c->n_layer, c->n_head, c->n_kv_head };
+    B.dims = malloc(sizeof(int16_t) * c->n_layer * c->n_kv_head * c->d_head);
+    for (int l = 0; l < c->n_layer; l++)
+        for (int g = 0; g < c->n_kv_head; g++)
+            profile_chunk_dims(m, l, g, def, B.dims + ((size_t)l * c->n_kv_head + g) * c->d_head);
+    B.hits = calloc((size_t)4 * c->n_layer * c->n_head * B.n_chunk, sizeof(double));
+    B.den = calloc((size_t)4 * c->n_layer * c->n_head, sizeof(double));
+    run_state *s = run_state_new(m, n, 1, err);
+    attn_obs obs = { brute_obs, &B };
+    s->obs = &obs;
+    omp_set_num_threads(1);   /* brute_obs is not thread-safe */
+    for (int i = 0; i < n; i++) cr_assert_eq(model_forward(m, s, ids + i, 1, 0, err), 0);
+    omp_set_num_threads(omp_get_num_procs());
+    double maxd = 0, spread = 0;
+    for (int b = 0; b < 4; b++)
+        for (int l = 0; l < c->n_layer; l++)
+            for (int h = 0; h < c->n_head; h++)
+                for (int j = 0; j < B.n_chunk; j++) {
+                    double want = B.hits[(((size_t)b * c->n_layer + l) * c->n_head + h) * B.n_chunk + j] /
+                                  B.den[((size_t)b * c->n_layer + l) * c->n_head + h];
+                    double got = profile_ca(&p, b, l, h)[j];
+                    maxd = fmax(maxd, fabs(got - want));
+                    spread = fmax(spread, fabs(got - profile_ca(&p, b, l, h)[0]));
+                }
+    cr_expect_lt(maxd, 1e-9, "CA differs from the brute-force count by %g", maxd);
+    cr_expect_gt(spread, 0.05, "chunks do not differ: the test would not see a mix-up");
+    /* K = 256 > every t here: the cap makes CA exactly 1 */
+    cr_expect_float_eq(profile_ca(&p, 3, 0, 0)[5], 1.0, 1e-12);
+    free(B.dims); free(B.hits); free(B.den);
+    run_state_free(s);
+    profile_free(&p);
+    model_close(m);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+Test(calibrate, ca_equals_brute_force_planes) { check_ca(CHUNKS_PLANE, TINY_LLAMA); }
+Test(calibrate, ca_equals_brute_force_adjacent) { check_ca(CHUNKS_ADJACENT, TINY_LLAMA); }
+Test(calibrate, ca_equals_brute_force_qwen2_layout) { check_ca(CHUNKS_PLANE, TINY_QWEN2); }
+
+/* Both file layouts map chunk j to the same canonical dims; adjacent chunks are halves of two planes. */
+Test(calibrate, chunk_dims_by_definition)
+{
+    for (int arch = 0; arch < 2; arch++) {
+        tiny_model t;
+        tiny_make(&t, &(tiny_spec){ .arch = arch, .seed = 1 });
+        char *dir = tmpdir_make(), path[600], err[FASA_ERRLEN];
+        snprintf(path, sizeof path, "%s/t.gguf", dir);
+        cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+        model *m;
+        cr_assert_eq(model_open(&m, path, err), 0, "%s", err);
+        int16_t dims[16];
+        profile_chunk_dims(m, 0, 0, CHUNKS_PLANE, dims);
+        for (int j = 0; j < 8; j++) cr_expect(dims[2 * j] == 2 * j && dims[2 * j + 1] == 2 * j + 1);
+        profile_chunk_dims(m, 1, 1, CHUNKS_ADJACENT, dims);
+        /* hf dim x sits at canonical 2x (x < 8) or 2(x-8)+1 */
+        for (int j = 0; j < 8; j++)
+            for (int w = 0; w < 2; w++) {
+                int x = 2 * j + w, want = x < 8 ? 2 * x : 2 * (x - 8) + 1;
+                cr_expect_eq(dims[2 * j + w], want, "arch %d chunk %d", arch, j);
+            }
+        model_close(m);
+        tiny_free(&t);
+        tmpdir_remove(dir);
+    }
+}
+
+/* Same inputs, same bytes; thread count does not matter. Loading what was saved gives it back. */
+Test(calibrate, profile_deterministic_and_round_trips)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 8 });
+    char *dir = tmpdir_make(), path[600], p1[600], p2[600], err[FASA_ERRLEN];
+    snprintf(path, sizeof path, "%s/t.gguf", dir);
+    snprintf(p1, sizeof p1, "%s/a.json", dir);
+    snprintf(p2, sizeof p2, "%s/b.json", dir);
+    cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+    model *m;
+    cr_assert_eq(model_open(&m, path, err), 0, "%s", err);
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++) ids[i] = (i * 17 + 3) % t.s.n_vocab;
+    calib_opts o = calib_defaults(m);
+    o.n_prefill = 120;
+    o.fcs = 2;
+    o.rank_k = 64;
+    profile a, b, c;
+    omp_set_num_threads(1);
+    cr_assert_eq(calibrate_run(m, ids, 200, &o, &a, err), 0, "%s", err);
+    omp_set_num_threads(2);
+    cr_assert_eq(calibrate_run(m, ids, 200, &o, &b, err), 0, "%s", err);
+    cr_assert_eq(profile_save(&a, p1, err), 0, "%s", err);
+    cr_assert_eq(profile_save(&b, p2, err), 0, "%s", err);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", p1, p2);
+    cr_expect_eq(system(cmd), 0, "profiles differ between 1 and 2 threads");
+    cr_assert_eq(profile_load(&c, p1, err), 0, "%s", err);
+    cr_expect_eq(profile_check_model(&c, m, p1, err), 0, "%s", err);
+    cr_expect_eq(memcmp(c.rank, a.rank, sizeof(int16_t) * a.n_layer * a.n_head * a.n_chunk), 0);
+    cr_expect_eq(c.fcs, 2);
+    for (size_t i = 0; i < (size_t)a.n_k * a.n_layer * a.n_head * a.n_chunk; i++)
+        cr_expect(fabs(c.ca[i] - a.ca[i]) <= 5e-7);
+    /* each head's ranking is by decreasing CA at rank_k */
+    int ki = profile_k_index(&a, 64);
+    for (int h = 0; h < a.n_head; h++) {
+        const int16_t *r = profile_rank(&a, 1, h);
+        for (int j = 1; j < a.n_chunk; j++) cr_expect_geq(profile_ca(&a, ki, 1, h)[r[j - 1]], profile_ca(&a, ki, 1, h)[r[j]]);
+    }
+    profile_free(&a); profile_free(&b); profile_free(&c);
+    model_close(m);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+static void expect_load_fails(const char *dir, const char *content, const char *needle)
+{
+    char path[600], err[FASA_ERRLEN] = "";
+    snprintf(path, sizeof path, "%s/bad.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(content, f);
+    fclose(f);
+    profile p;
+    cr_expect_lt(profile_load(&p, path, err), 0, "loading '%s' succeeded", content);
+    cr_expect(strstr(err, needle) != NULL, "'%s' lacks '%s'", err, needle);
+    cr_expect(strstr(err, "bad.json") != NULL, "'%s' does not name the file", err);
+}
+
+Test(calibrate, bad_profiles)
+{
+    char *dir = tmpdir_make();
+    expect_load_fails(dir, "{\"format\": \"fasa-profile\", \"version\": 1, \"model\": {", "not valid JSON");
+    expect_load_fails(dir, "{\"format\": \"fasa-profile\", \"version\": 7}", "profile version 7");
+    expect_load_fails(dir, "[1, 2]", "not a JSON object");
+    expect_load_fails(dir, "{\"format\": \"other\"}", "not a fasa profile");
+    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
+                           "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
+                           "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
+                           "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[NaN]]]}}",
+                      "not valid JSON");
+    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
+                           "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
+                           "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
+                           "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[1.5]]]}}",
+                      "not a number in [0, 1]");
+    tmpdir_remove(dir);
+}
+
+/* A profile calibrated on one model is refused for another. */
+Test(calibrate, profile_for_another_model)
+{
+    tiny_model t1, t2;
+    tiny_make(&t1, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 30 });
+    tiny_make(&t2, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 31 });
+    char *dir = tmpdir_make(), a[600], b[600], pp[600], err[FASA_ERRLEN];
+    snprintf(a, sizeof a, "%s/a.gguf", dir);
+    snprintf(b, sizeof b, "%s/b.gguf", dir);
+    snprintf(pp, sizeof pp, "%s/a.profile.json", dir);
+    cr_assert_eq(tiny_write_gguf(&t1, a, GGUF_TYPE_F32), 0);
+    cr_assert_eq(tiny_write_gguf(&t2, b, GGUF_TYPE_F32), 0);
+    model *ma, *mb;
+    cr_assert_eq(model_open(&ma, a, err), 0);
+    cr_assert_eq(model_open(&mb, b, err), 0);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = i % t1.s.n_vocab;
+    calib_opts o = calib_defaults(ma);
+    o.n_prefill = 80;
+    o.fcs = 2;
+    o.rank_k = 64;
+    profile p;
+    cr_assert_eq(calibrate_run(ma, ids, 100, &o, &p, err), 0, "%s", err);
+    cr_expect_eq(profile_check_model(&p, ma, pp, err), 0);
+    cr_expect_lt(profile_check_model(&p, mb, pp, err), 0);
+    cr_expect(strstr(err, "calibrated on other weights") != NULL, "%s", err);
+    profile_free(&p);
+    model_close(ma);
+    model_close(mb);
+    tiny_free(&t1);
+    tiny_free(&t2);
+    tmpdir_remove(dir);
+}
