@@ -28,7 +28,7 @@ STAMP="$VENV/.fasa-reference"
 log() { printf 'setup-reference: %s\n' "$*" >&2; }
 
 check_imports() {
-    "$VENV/bin/python" - <<'PY'
+    TRANSFORMERS_VERBOSITY=error "$VENV/bin/python" - <<'PY'
 import numpy, torch, tokenizers, gguf, transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 assert numpy.__version__.startswith("1."), numpy.__version__
