@@ -887,7 +887,10 @@ int tokenizer_decode(const tokenizer *t, int32_t id, char *buf, size_t cap)
 
 /* ---- encoding --------------------------------------------------------------------------- */
 
-typedef struct heap_entry { int32_t rank, left, right, id_left, id_right, id_new; } heap_entry;
+/* A candidate merge: rank << 32 | position of its left symbol. Ordering the integers orders by
+ * rank, then leftmost, which is the order `tokenizers` merges in. 8 bytes, so a long word's
+ * heap stays small; a popped entry is checked against the current symbols. */
+typedef uint64_t heap_entry;
 
 typedef struct enc {
     const tokenizer *t;
@@ -923,17 +926,12 @@ static int scratch(enc *e, size_t n)
     return 0;
 }
 
-static int heap_less(const heap_entry *a, const heap_entry *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->left < b->left;
-}
-
 static void heap_push(heap_entry *h, size_t *n, heap_entry x)
 {
     size_t i = (*n)++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (!heap_less(&x, &h[p])) break;
+        if (x >= h[p]) break;
         h[i] = h[p];
         i = p;
     }
@@ -947,8 +945,8 @@ static heap_entry heap_pop(heap_entry *h, size_t *n)
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= *n) break;
-        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
-        if (!heap_less(&h[c], &x)) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= x) break;
         h[i] = h[c];
         i = c;
     }
@@ -960,7 +958,7 @@ static void pair_push(enc *e, size_t *hn, int32_t l, int32_t r)
 {
     const merge_slot *m;
     if (l < 0 || r < 0 || !(m = merge_get(e->t, e->sym[l], e->sym[r]))) return;
-    heap_push(e->heap, hn, (heap_entry){ m->rank, l, r, e->sym[l], e->sym[r], m->id });
+    heap_push(e->heap, hn, (uint64_t)m->rank << 32 | (uint32_t)l);
 }
 
 /* BPE over one pre-token: always merge the lowest-ranked adjacent pair, leftmost first. A heap
@@ -999,9 +997,14 @@ static void bpe_word(enc *e, const uint8_t *s, size_t n)
     for (size_t i = 0; i + 1 < m; i++) pair_push(e, &hn, (int32_t)i, (int32_t)i + 1);
     while (hn > 0) {
         heap_entry h = heap_pop(e->heap, &hn);
-        int32_t l = h.left, r = h.right;
-        if (e->sym[l] != h.id_left || e->next[l] != r || e->sym[r] != h.id_right) continue;
-        e->sym[l] = h.id_new;
+        int32_t l = (int32_t)(uint32_t)h, r;
+        const merge_slot *mg;
+        /* Stale if the left symbol was absorbed or either side has changed since the push (the
+         * rank names the pair, so an equal rank means the same pair). */
+        if (e->sym[l] < 0 || (r = e->next[l]) < 0 || !(mg = merge_get(t, e->sym[l], e->sym[r])) ||
+            (uint64_t)mg->rank != h >> 32)
+            continue;
+        e->sym[l] = mg->id;
         e->sym[r] = -1;
         e->next[l] = e->next[r];
         if (e->next[r] >= 0) e->prev[e->next[r]] = l;
@@ -1158,6 +1161,7 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse
         }
         s = clean;
         len = o;
+        if (len > INT_MAX) { free(clean); return FASA_EARG; }   /* symbol positions are int32 */
     }
 
     e.t = t;
