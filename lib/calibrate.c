@@ -1,6 +1,8 @@
 /* calibrate.c - the CA observer and the calibration driver. */
 #include "calibrate.h"
 
+#include "topk.h"
+
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,49 +10,14 @@
 
 /* ---------------------------------------------------------------- top-K buckets */
 
-/* A score and its index packed in one integer that sorts like (score desc, index asc): the
- * float's bits made monotonic, in the high half; the complemented index in the low half. */
-static inline uint64_t pack(float s, uint32_t i)
-{
-    uint32_t u;
-    memcpy(&u, &s, 4);
-    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
-    return (uint64_t)u << 32 | (uint32_t)~i;
-}
-
-/* Quickselect: afterwards a[0..k) hold the k largest of a[0..n), in no order. */
-static void select_top(uint64_t *a, int n, int k)
-{
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        /* median of three as pivot */
-        int mid = lo + (hi - lo) / 2;
-        uint64_t x = a[lo], y = a[mid], z = a[hi];
-        uint64_t piv = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > piv) i++;
-            while (a[j] < piv) j--;
-            if (i <= j) {
-                uint64_t t = a[i];
-                a[i++] = a[j];
-                a[j--] = t;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
-}
-
 void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
 {
-    for (int i = 0; i < n; i++) scratch[i] = pack(score[i], (uint32_t)i), bucket[i] = (uint8_t)n_k;
+    for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i), bucket[i] = (uint8_t)n_k;
     int hi = n;
     for (int b = n_k - 1; b >= 0; b--) {
         int k = ks[b] < n ? ks[b] : n;
-        if (k < hi) select_top(scratch, hi, k);
-        for (int j = 0; j < k; j++) bucket[~(uint32_t)scratch[j]] = (uint8_t)b;
+        if (k < hi) topk_select(scratch, hi, k);
+        for (int j = 0; j < k; j++) bucket[topk_index(scratch[j])] = (uint8_t)b;
         hi = k;
     }
 }
@@ -64,12 +31,12 @@ static int cmp_desc(const void *a, const void *b)
 void calib_buckets_ref(const float *score, int n, const int *ks, int n_k, uint8_t *bucket)
 {
     uint64_t *a = malloc(sizeof *a * n);
-    for (int i = 0; i < n; i++) a[i] = pack(score[i], (uint32_t)i);
+    for (int i = 0; i < n; i++) a[i] = topk_pack(score[i], (uint32_t)i);
     qsort(a, n, sizeof *a, cmp_desc);
     for (int r = 0; r < n; r++) {
         int b = 0;
         while (b < n_k && r >= ks[b]) b++;
-        bucket[~(uint32_t)a[r]] = (uint8_t)b;
+        bucket[topk_index(a[r])] = (uint8_t)b;
     }
     free(a);
 }

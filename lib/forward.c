@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "model.h"
 
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
@@ -29,8 +30,13 @@ run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
     s->ffb = malloc(B * c->d_ff * sizeof(float));
     s->scores = malloc((size_t)s->n_threads * n_ctx * sizeof(float));
     s->logits = malloc(B * c->n_vocab * sizeof(float));
+    const size_t tn = (size_t)s->n_threads * n_ctx;
+    s->sel_idx = malloc(tn * sizeof *s->sel_idx);
+    s->sel_score = malloc(tn * sizeof *s->sel_score);
+    s->sel_keys = malloc(tn * sizeof *s->sel_keys);
+    s->bytes_kv = calloc((size_t)s->n_threads * 8, sizeof *s->bytes_kv);
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
-        !s->scores || !s->logits) {
+        !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
         run_state_free(s);
         fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx);
         return NULL;
@@ -48,10 +54,22 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv);
     free(s);
 }
 
-void run_state_reset(run_state *s) { s->n_past = 0; }
+void run_state_reset(run_state *s)
+{
+    s->n_past = 0;
+    memset(s->bytes_kv, 0, sizeof *s->bytes_kv * 8 * s->n_threads);
+}
+
+uint64_t run_state_kv_bytes_read(const run_state *s)
+{
+    uint64_t b = 0;
+    for (int t = 0; t < s->n_threads; t++) b += s->bytes_kv[8 * t];
+    return b;
+}
 
 /* Rotates one head vector (file layout) by position pos and writes it in canonical layout:
  * pair c = (src[2c], src[2c+1]) of the input, rotated by pos * freq[c]. */
@@ -74,7 +92,8 @@ static void add_bias(float *x, const float *b, int n, int width)
         for (int j = 0; j < width; j++) x[(size_t)i * width + j] += b[j];
 }
 
-/* Exact attention of one query over cached positions 0..pos of one KV head. */
+/* Exact attention of one query over cached positions 0..pos of one KV head; leaves the softmax
+ * weights in scores. */
 static void attend(float *out, const float *q, const float *K, const float *V, int pos, int d,
                    float *scores)
 {
@@ -83,6 +102,28 @@ static void attend(float *out, const float *q, const float *K, const float *V, i
     ops_softmax(scores, pos + 1);
     memset(out, 0, d * sizeof(float));
     for (int t = 0; t <= pos; t++) ops_axpy(out, scores[t], V + (size_t)t * d, d);
+}
+
+/* Focused attention: the same, over the selected positions idx[0..n) only. */
+static void attend_sparse(float *out, const float *q, const float *K, const float *V, const int32_t *idx,
+                          int n, int d, float *scores)
+{
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int j = 0; j < n; j++) scores[j] = ops_dot(q, K + (size_t)idx[j] * d, d) * scale;
+    ops_softmax(scores, n);
+    memset(out, 0, d * sizeof(float));
+    for (int j = 0; j < n; j++) ops_axpy(out, scores[j], V + (size_t)idx[j] * d, d);
+}
+
+/* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
+static uint64_t select_bytes(const policy *p, int t, int d)
+{
+    switch (p->o.kind) {
+    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * p->n_dom * sizeof(float);
+    case POLICY_ORACLE: return (uint64_t)t * d * sizeof(float);
+    case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);
+    default: return 0;
+    }
 }
 
 int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
@@ -128,15 +169,34 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             }
         }
 
+        if (s->stats) attn_stats_append(s->stats, s, l, s->n_past + n);
 #pragma omp parallel for schedule(dynamic, 1)
         for (int ih = 0; ih < n * H; ih++) {
-            const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i;
+            const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
             const float *q = s->q + (size_t)i * qd + h * dh;
-            float *scores = s->scores + (size_t)omp_get_thread_num() * s->n_ctx;
+            float *scores = s->scores + (size_t)tid * s->n_ctx;
+            float *out = s->att_out + (size_t)i * qd + h * dh;
+            const float *K = kvcache_k(&s->kv, l, g), *V = kvcache_v(&s->kv, l, g);
             if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
-            attend(s->att_out + (size_t)i * qd + h * dh, q, kvcache_k(&s->kv, l, g),
-                   kvcache_v(&s->kv, l, g), pos, dh, scores);
+            int n_sel = -1;
+            int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
+            if (s->policy && pos >= s->sparse_from) {
+                policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx };
+                n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
+                                      s->policy->o.budget, idx, &sc);
+                if (n_sel >= 0) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
+            }
+            if (n_sel < 0) {
+                attend(out, q, K, V, pos, dh, scores);
+                s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * sizeof(float);
+                if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
+            } else {
+                attend_sparse(out, q, K, V, idx, n_sel, dh, scores);
+                s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * sizeof(float);
+                if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, n_sel);
+            }
         }
+        if (s->stats) attn_stats_reduce(s->stats, l);
 
         ops_matmul(s->xb, &L->wo, s->att_out, n);
         for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];

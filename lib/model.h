@@ -81,6 +81,8 @@ void model_rope_freqs(const model_config *c, float *theta);
 
 /* Attention observers see every query against the cache (calibration, benchmarks). */
 struct run_state;
+struct policy;
+struct attn_stats;
 
 typedef struct attn_obs {
     /* Called once per (token, layer, query head) after the token's k/v are cached, before the
@@ -102,11 +104,21 @@ typedef struct run_state {
     int n_threads;
     float *logits;               /* (n_batch, n_vocab) */
     const attn_obs *obs;
+    /* Sparse decoding (attention.h): queries at positions >= sparse_from attend to the tokens
+     * the policy selects; stats (when set) are updated by every query, dense or sparse. */
+    const struct policy *policy;
+    struct attn_stats *stats;
+    int sparse_from;
+    int32_t *sel_idx;            /* (n_threads, n_ctx) */
+    float *sel_score;            /* (n_threads, n_ctx) */
+    uint64_t *sel_keys;          /* (n_threads, n_ctx) */
+    uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes read by attention (incl. selection) */
 } run_state;
 
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err);
 void run_state_free(run_state *s);
 void run_state_reset(run_state *s);
+uint64_t run_state_kv_bytes_read(const run_state *s);   /* summed over threads since the last reset */
 
 /* Runs n tokens at positions s->n_past.., appends them to the cache. If all_logits, writes
  * (n, n_vocab) logits to s->logits, else only the last position's (row 0). Returns 0 or < 0

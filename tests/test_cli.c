@@ -72,7 +72,8 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("run /nonexistent/m.gguf hi", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("run -m /nonexistent/m.gguf -n abc hi", "option '--n-predict' needs an integer");
     expect_one_line_error("inspect /nonexistent/dir", "cannot open '/nonexistent/dir'");
-    expect_one_line_error("calibrate x", "not built yet");
+    expect_one_line_error("convert x", "not built yet");
+    expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");
 }
 
 Test(cli, tiny_model_logits_and_atomic_outputs)

@@ -1,0 +1,93 @@
+/* attention.h - which cached tokens a decode query reads: one policy interface for FASA and the
+ * baselines, plus the running statistics some of them need.
+ *
+ *   policy p;
+ *   policy_init(&p, m, &(policy_opts){ .kind = POLICY_FASA, .budget = 256, .fcs = 8,
+ *                                      .n_dense_layers = 1, .prof = &prof }, err);
+ *   attn_stats st;                         // Quest pages, SnapKV votes, H2O scores, as needed
+ *   attn_stats_init(&st, m, n_ctx, policy_stats_flags(&p), n_prefill, err);
+ *   s->policy = &p; s->stats = &st; s->sparse_from = n_prefill;   // prefill stays dense
+ *   model_forward(...);                    // decode steps now attend to the selected tokens
+ *
+ * Every policy reads the cache in place through kvcache_k / kvcache_v; nothing copies it.
+ * Definitions (DESIGN.md §3): FASA's token importance predictor (TIP) scores every cached token
+ * with the 2F dims of the head's dominant frequency chunks only, S = sum_{c in dom} q^(c).K^(c),
+ * and focused attention (FAC) is exact softmax attention over the top-N tokens by S.
+ */
+#ifndef FASA_ATTENTION_H
+#define FASA_ATTENTION_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "profile.h"
+
+enum policy_kind {
+    POLICY_FULL, POLICY_FASA, POLICY_ORACLE, POLICY_STREAM, POLICY_SNAPKV, POLICY_H2O,
+    POLICY_QUEST, POLICY_RANDOM, POLICY_COUNT
+};
+
+typedef struct policy_opts {
+    enum policy_kind kind;
+    int budget;              /* N: tokens attended per query (including forced ones) */
+    int fcs;                 /* F: dominant chunks (fasa, random) */
+    int n_dense_layers;      /* layers 0..n-1 always attend densely */
+    int n_sink, n_recent;    /* tokens always kept (fasa: 0, 0; stream: sink 4, recent N - 4) */
+    int group;               /* fasa: one selection per KV head from the group's summed TIP */
+    int window;              /* snapkv observation window (32); pooling kernel 7 */
+    int page;                /* quest page size (16) */
+    uint64_t seed;           /* random chunks */
+    const profile *prof;     /* fasa */
+} policy_opts;
+
+typedef struct policy {
+    policy_opts o;
+    const model *m;
+    int n_dom;               /* dims per key the selector reads (2F), 0 when it reads none */
+    int16_t *dom;            /* (n_layer, n_head, 2F) canonical dims of the dominant chunks */
+} policy;
+
+enum { STATS_QUEST = 1, STATS_SNAPKV = 2, STATS_H2O = 4 };
+
+/* Running statistics, updated by the forward pass (dense or sparse) as tokens arrive. */
+typedef struct attn_stats {
+    int flags, n_layer, n_head, n_kv, d, n_ctx, n_threads;
+    int page;
+    float *page_min, *page_max;  /* (n_layer, n_kv, n_ctx / page, d) */
+    int *pages_done;             /* (n_layer, n_kv) complete pages summarised */
+    int snap_lo, snap_hi;        /* queries at positions [lo, hi) vote */
+    float *votes;                /* (n_threads, n_layer, n_head, n_ctx) attention sums */
+    float *h2o;                  /* (n_threads, n_layer, n_head, n_ctx) */
+} attn_stats;
+
+/* Per-thread scratch a selection needs. */
+typedef struct policy_scratch {
+    float *score;            /* (n_ctx) */
+    uint64_t *sel;           /* (n_ctx) */
+} policy_scratch;
+
+const char *policy_name(enum policy_kind k);
+int  policy_parse(const char *name, enum policy_kind *out);
+policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget);
+int  policy_init(policy *p, const model *m, const policy_opts *o, char *err);
+void policy_free(policy *p);
+int  policy_stats_flags(const policy *p);
+
+/* Chooses the tokens query head `head` at position pos reads in `layer`, among positions 0..pos.
+ * q_tok: all query heads of this token (canonical layout), so group selection can sum them.
+ * Writes at most budget indices, ascending, into idx and returns their count; returns -1 when
+ * the query should attend densely (budget >= pos + 1, a dense layer, or a full policy). */
+int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
+                  int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc);
+
+int  attn_stats_init(attn_stats *st, const model *m, int n_ctx, int flags, int n_prefill, char *err);
+void attn_stats_free(attn_stats *st);
+/* After the keys of positions < n_cached are in the cache of `layer`: summarise new full pages. */
+void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cached);
+/* The softmax weights one query gave to tokens idx[0..n) (idx NULL: 0..n-1). Thread-safe. */
+void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p,
+                        const int32_t *idx, int n);
+/* Folds the per-thread sums of `layer` together (call outside parallel regions). */
+void attn_stats_reduce(attn_stats *st, int layer);
+
+#endif

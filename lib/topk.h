@@ -1,0 +1,27 @@
+/* topk.h - O(n) top-k selection over float scores, deterministic under ties (lower index wins).
+ *
+ *   int n_sel = topk_indices(scores, n, k, idx, scratch);   // idx ascending, scratch: n entries
+ */
+#ifndef FASA_TOPK_H
+#define FASA_TOPK_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* A score and its index in one integer that orders like (score desc, index asc). */
+static inline uint64_t topk_pack(float s, uint32_t i)
+{
+    uint32_t u;
+    memcpy(&u, &s, 4);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    return (uint64_t)u << 32 | (uint32_t)~i;
+}
+static inline uint32_t topk_index(uint64_t key) { return ~(uint32_t)key; }
+
+/* Afterwards a[0..k) hold the k largest keys of a[0..n), in no particular order. */
+void topk_select(uint64_t *a, int n, int k);
+
+/* The min(k, n) best of n scores, as ascending indices. Returns the count. */
+int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch);
+
+#endif
