@@ -66,7 +66,7 @@ struct tokenizer {
     pcre2_code *re_main;        /* the family's split regex */
     pcre2_code *re_digit;       /* \p{N}, when digits are isolated first (SmolLM2) */
     pcre2_code *re_space;       /* \p{White_Space}: lstrip/rstrip of added tokens */
-    pcre2_code *re_word;        /* Rust's is_alphanumeric: single_word added tokens */
+    pcre2_code *re_word;        /* a word character: single_word added tokens */
 
     enum tokenizer_pre pre;
     int ignore_merges;          /* a pre-token that is itself in the vocabulary skips BPE */
@@ -243,7 +243,9 @@ static int vocab_get(const tokenizer *t, const char *s, size_t n)
     }
 }
 
-/* Later duplicates of a string win, as in llama.cpp's and serde's maps. */
+/* Later duplicates of a string win, as in llama.cpp's and serde's maps, except that a model
+ * token beats an added token spelled the same: merges and BPE look strings up in the model's
+ * vocabulary, as `tokenizers` does (its added tokens live in a separate table). */
 static int vocab_build(tokenizer *t)
 {
     size_t n = 0;
@@ -253,17 +255,21 @@ static int vocab_build(tokenizer *t)
     if (!t->vtab) return -1;
     memset(t->vtab, 0xFF, size * sizeof *t->vtab);
     t->vmask = size - 1;
-    for (int i = 0; i < t->n_vocab; i++) {
-        if (t->len[i] < 0) continue;
-        const char *s = t->arena + t->off[i];
-        uint32_t h = hash_bytes(s, (size_t)t->len[i]) & t->vmask;
-        for (;;) {
-            int32_t id = t->vtab[h];
-            if (id < 0 || (t->len[id] == t->len[i] && memcmp(t->arena + t->off[id], s, (size_t)t->len[i]) == 0)) {
-                t->vtab[h] = i;
-                break;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < t->n_vocab; i++) {
+            int added = (t->flags[i] & TOK_F_ADDED) != 0;
+            if (t->len[i] < 0 || added != pass) continue;
+            const char *s = t->arena + t->off[i];
+            uint32_t h = hash_bytes(s, (size_t)t->len[i]) & t->vmask;
+            for (;;) {
+                int32_t id = t->vtab[h];
+                if (id < 0) { t->vtab[h] = i; break; }
+                if (t->len[id] == t->len[i] && !memcmp(t->arena + t->off[id], s, (size_t)t->len[i])) {
+                    if (!pass || (t->flags[id] & TOK_F_ADDED)) t->vtab[h] = i;
+                    break;
+                }
+                h = (h + 1) & t->vmask;
             }
-            h = (h + 1) & t->vmask;
         }
     }
     return 0;
@@ -409,9 +415,11 @@ static int tok_finish(tokenizer *t, const char *label, char *err)
 
     if ((rc = pattern_compile(&t->re_main, pat, label, err)) < 0) return rc;
     if (t->pre == TOKENIZER_PRE_SMOLLM && (rc = pattern_compile(&t->re_digit, "\\p{N}", label, err)) < 0) return rc;
-    /* Rust's char::is_whitespace and char::is_alphanumeric, which `tokenizers` uses for them. */
+    /* `tokenizers` tests these with the Rust regex crate's \s and \w (Unicode definitions). */
     if (need_space && (rc = pattern_compile(&t->re_space, "\\p{White_Space}", label, err)) < 0) return rc;
-    if (need_word && (rc = pattern_compile(&t->re_word, "[\\p{Alphabetic}\\p{N}]", label, err)) < 0) return rc;
+    if (need_word && (rc = pattern_compile(&t->re_word, "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]",
+                                           label, err)) < 0)
+        return rc;
 
     if (t->eos < 0)
         for (size_t i = 0; i < sizeof eos_names / sizeof *eos_names && t->eos < 0; i++)
@@ -868,19 +876,18 @@ int tokenizer_decode(const tokenizer *t, int32_t id, char *buf, size_t cap)
     if (id < 0 || id >= t->n_vocab || t->len[id] < 0) return FASA_EARG;
     s = (const uint8_t *)t->arena + t->off[id];
     n = (size_t)t->len[id];
-    if (!(t->flags[id] & TOK_F_ADDED)) {
-        /* Every character must be a byte symbol; otherwise the token is returned as its own
-         * UTF-8, as the ByteLevel decoder of `tokenizers` does. */
-        while (i < n) {
-            size_t l;
-            uint32_t cp = utf8_get(s + i, n - i, &l);
-            if (cp >= 324 || t->u2b[cp] < 0) break;
-            if (o < cap) buf[o] = (char)t->u2b[cp];
-            o++;
-            i += l;
-        }
-        if (i == n) return (int)o;
+    /* The ByteLevel decoder of `tokenizers`, which sees added tokens too: if every character
+     * is a byte symbol, the bytes; otherwise the token's own UTF-8. Printable ASCII stands for
+     * itself, so "<|im_end|>" comes out as written either way. */
+    while (i < n) {
+        size_t l;
+        uint32_t cp = utf8_get(s + i, n - i, &l);
+        if (cp >= 324 || t->u2b[cp] < 0) break;
+        if (o < cap) buf[o] = (char)t->u2b[cp];
+        o++;
+        i += l;
     }
+    if (i == n) return (int)o;
     if (cap) memcpy(buf, s, n < cap ? n : cap);
     return (int)n;
 }

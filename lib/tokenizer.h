@@ -71,7 +71,9 @@ enum tokenizer_pre tokenizer_pre_kind(const tokenizer *t);
 /* Encode len bytes. No BOS is added.
  * Added tokens are split out first, leftmost-longest: special ones only when parse_special is
  * set, plain (non-special) ones always, as `tokenizers` does (parse_special 0 is its
- * encode_special_tokens = True). Each remaining piece is pre-tokenised and BPE-merged.
+ * encode_special_tokens = True). Each remaining piece is pre-tokenised and BPE-merged. A byte
+ * whose symbol is not in the vocabulary (SmolLM2 lacks 21, e.g. 0x04 and 0xFF) becomes the
+ * tokenizer.json unk_token, or is dropped when there is none, as in `tokenizers`.
  * Any bytes are accepted: each maximal invalid UTF-8 subsequence is replaced by U+FFFD first,
  * which gives exactly what `tokenizers` returns for bytes.decode("utf-8", errors="replace") and
  * what llama.cpp does (so such bytes do not survive a decode round trip; valid text does).
@@ -81,10 +83,12 @@ enum tokenizer_pre tokenizer_pre_kind(const tokenizer *t);
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t *ids, int max_ids);
 
-/* Bytes of one token (byte-level BPE decoded back to raw bytes; added tokens as written, so
- * callers that hide special tokens check tokenizer_is_special). Returns the length (may exceed
- * cap: then only cap were written), or < 0 for a bad id. A token's bytes may be part of a
- * UTF-8 character: concatenate before printing. */
+/* Bytes of one token: its characters mapped back through the byte-level table, or, if it has
+ * characters outside that table, its own UTF-8 (the ByteLevel decoder of `tokenizers`; added
+ * tokens such as "<|im_end|>" come out as written, and callers that hide special tokens check
+ * tokenizer_is_special). Returns the length (may exceed cap: then only cap were written), or
+ * < 0 for a bad id. A token's bytes may be part of a UTF-8 character: concatenate before
+ * printing. */
 int tokenizer_decode(const tokenizer *t, int32_t id, char *buf, size_t cap);
 
 /* Render a chat prompt: optional system message, one user message, and the assistant header.

@@ -68,6 +68,19 @@ def gguf_vocab(path):
             "model": scalar("tokenizer.ggml.model"), "pre": scalar("tokenizer.ggml.pre")}
 
 
+def byte_symbols():
+    """GPT-2's byte -> character table."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
 def byte_level(use_regex):
     return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
 
@@ -103,6 +116,29 @@ def tokenizer_json(v, family, merges_as_pairs=False):
                   "ignore_merges": family == "llama3",
                   "vocab": {t: i for i, t in enumerate(v["tokens"])}, "merges": merges},
     }
+
+
+# Added tokens with the matching options no real vocabulary here uses (ids past the end).
+EXTRA_ADDED = [("<mask>", dict(lstrip=True, special=True)), ("[R]", dict(rstrip=True, special=False)),
+               ("hello", dict(single_word=True, special=False)), ("<both>", dict(lstrip=True, rstrip=True, special=True)),
+               ("ĠĠ", dict(special=False))]
+
+
+def with_extra_added(j):
+    """Ids as `tokenizers` itself assigns them (it ignores the file's id for a content already in
+    the vocabulary and numbers new contents from the end)."""
+    vocab = j["model"]["vocab"]
+    n = max(vocab.values()) + 1
+    for content, opts in EXTRA_ADDED:
+        if content in vocab:
+            tid = vocab[content]
+        else:
+            tid, n = n, n + 1
+        tok = {"id": tid, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+               "normalized": not opts.get("special"), "special": False}
+        tok.update(opts)
+        j["added_tokens"].append(tok)
+    return j
 
 
 def write_gguf(v, pre, path):
@@ -165,7 +201,10 @@ NUMERIC = ["0", "7", "42", "2024", "3.14159", "1,234,567", "1e-9", "0x7fff", "+4
            "¾", "Ⅻ", "ⅷ", "①", "⑳", "𝟙𝟚", "໑໒", "፩", "〇", "一二三", "10⁶", "1/2", "-17", "007"]
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<file_sep>", "<filename>",
             "<gh_stars>", "<jupyter_code>", "<empty_output>", "<|im_start", "im_end|>", "<|im_end|",
-            "<<|im_end|>>", "<|im_start|><|im_end|>", "< |im_end|>", "<|IM_END|>", "<|endoftext|>!"]
+            "<<|im_end|>>", "<|im_start|><|im_end|>", "< |im_end|>", "<|IM_END|>", "<|endoftext|>!",
+            # tokens of the "+added" variant: lstrip, rstrip, single_word, both
+            "  <mask>", "\t<mask>x", "a <mask> b", "[R]   x", "[R]\n\n", "hello", "say hello!", "xhello",
+            "hello2", "héllo hello_", "  <both>  ", "<mask><mask>", "\u00a0<mask>\u3000"]
 CODE = [
     "int main(int argc, char **argv) {\n    return 0;\n}",
     "def f(x):\n\treturn x ** 2  # square\n",
@@ -367,14 +406,18 @@ def build_tool(out_dir):
     return exe
 
 
-def run_c(tool, model, lines, parse_special):
-    data = b"".join(struct.pack("<IB", len(b), 1 if parse_special else 0) + b for b in lines)
+def run_c(tool, model, lines, parse_special, decode=False):
+    """ids per line (or "ERROR ..."); with decode, (ids, decoded bytes) per line."""
+    flags = (1 if parse_special else 0) | (2 if decode else 0)
+    data = b"".join(struct.pack("<IB", len(b), flags) + b for b in lines)
     p = subprocess.run([tool, model], input=data, capture_output=True)
     if p.returncode != 0:
         sys.exit("tokenizer_check: %s %s failed: %s" % (tool, model, p.stderr.decode(errors="replace")))
     out = p.stdout.decode().split("\n")[:len(lines)]
     if len(out) != len(lines):
         sys.exit("tokenizer_check: %s printed %d lines for %d inputs" % (tool, len(out), len(lines)))
+    if decode:
+        return [(o.split("\t")[0], bytes.fromhex(o.split("\t")[1])) for o in out]
     return [o if o.startswith("ERROR") else [int(x) for x in o.split()] for o in out]
 
 
@@ -415,6 +458,9 @@ def main():
             write_json(tokenizer_json(v, fam), fam_path)
             models.append(("json:" + fam, fam_path, fam_path))
 
+        extra_path = os.path.join(work, "added.json")
+        write_json(with_extra_added(tokenizer_json(v, family)), extra_path)
+        models.append(("json:%s+added" % family, extra_path, extra_path))
         # The GGUF loader's pre names, against the same references.
         for pre, fam in (("llama-bpe", "llama3"), ("qwen2", "qwen2"), ("gpt2", "gpt2")):
             if fam != family:
@@ -451,6 +497,32 @@ def main():
                 print("%-20s parse_special=%d  lines %6d  mismatches %d" % (name, ps, len(lines), nbad))
                 total += len(lines)
                 bad += nbad
+        # Decode: the concatenated bytes of each line's ids are the line itself for valid UTF-8,
+        # and what `tokenizers` decodes in any case (it returns str: compare after the same
+        # lossy conversion it applies).
+        # A byte whose symbol is not in the vocabulary has no token at all: both sides drop it
+        # (no unk_token), so such lines cannot round-trip.
+        vocab_set = set(v["tokens"])
+        missing = {b for b, c in byte_symbols().items() if c not in vocab_set}
+        print("bytes without a token in this vocabulary: %s" % " ".join("%02x" % b for b in sorted(missing)))
+        want, hf = hf_cache[(main_json, 1)]
+        dec = run_c(tool, args.gguf, lines, 1, decode=True)
+        dbad = strict = 0
+        for i, (b, (_, got)) in enumerate(zip(lines, dec)):
+            ok = got.decode("utf-8", "replace") == hf.decode(want[i], skip_special_tokens=False)
+            if b.decode("utf-8", "replace").encode("utf-8") == b and not missing & set(b):
+                strict += 1
+                ok = ok and got == b
+            if not ok:
+                dbad += 1
+                if shown < args.show:
+                    shown += 1
+                    print("DECODE MISMATCH line %d: %r -> %r" % (i, b[:100], got[:100]))
+        print("%-20s decode             lines %6d  mismatches %d  (%d of them checked byte-exact)" % (
+            "gguf", len(lines), dbad, strict))
+        total += len(lines)
+        bad += dbad
+
         # Evidence that the lines reach the interesting paths.
         on, off = hf_cache[(main_json, 1)][0], hf_cache[(main_json, 0)][0]
         special_ids = {i for i, ty in enumerate(v["types"]) if ty == 3}

@@ -537,6 +537,46 @@ Test(tokenizer, json_families_and_config, .init = tmp_setup, .fini = tmp_teardow
     free(j);
 }
 
+/* Bytes whose symbol has no token: unk (fused or not) when the file names one, else dropped.
+ * Expected ids recorded from `tokenizers`. */
+Test(tokenizer, json_missing_bytes_and_unk, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const char *const model[] = { ",\"unk_token\":\"<unk>\",\"fuse_unk\":true",
+                                         ",\"unk_token\":\"<unk>\",\"fuse_unk\":false", "" };
+    static const int32_t want[3][6] = { { 0, 1, 1, 0 }, { 0, 1, 1, 1, 1, 0 }, { 0, 0 } };
+    static const int nwant[3] = { 4, 6, 2 };
+    for (int i = 0; i < 3; i++) {
+        char j[512], err[FASA_ERRLEN] = "";
+        tokenizer *t = NULL;
+        snprintf(j, sizeof j, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"<unk>\":1},\"merges\":[]%s},"
+                 "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false}}", model[i]);
+        cr_assert_eq(tokenizer_load_json(&t, write_tmp("tokenizer.json", j), err), 0, "%s", err);
+        expect_ids(t, "azzb a", 1, want[i], nwant[i]);
+        tokenizer_free(t);
+    }
+}
+
+/* lstrip, rstrip and single_word added tokens; expected ids recorded from `tokenizers`. */
+Test(tokenizer, json_added_token_options, .init = tmp_setup, .fini = tmp_teardown)
+{
+    static const char j[] =
+        "{\"added_tokens\":["
+        "{\"id\":3,\"content\":\"<m>\",\"single_word\":false,\"lstrip\":true,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+        "{\"id\":4,\"content\":\"[R]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":true,\"normalized\":false,\"special\":false},"
+        "{\"id\":5,\"content\":\"hi\",\"single_word\":true,\"lstrip\":false,\"rstrip\":false,\"normalized\":true,\"special\":false}],"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false},"
+        "\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{\"a\":0,\"x\":1,\"\u0120\":2,\"<m>\":3,\"[R]\":4,\"hi\":5,"
+        "\"o\":6,\"h\":7,\"i\":8,\"_\":9,\"!\":10}}}";
+    char err[FASA_ERRLEN] = "";
+    tokenizer *t = NULL;
+    cr_assert_eq(tokenizer_load_json(&t, write_tmp("tokenizer.json", j), err), 0, "%s", err);
+    expect_ids(t, "a  <m>x", 1, IDS(0, 3, 1));           /* lstrip takes the spaces before */
+    expect_ids(t, "a  <m>x", 0, IDS(0, 2, 2, 1));        /* special off: text ('<', 'm', '>' have no token) */
+    expect_ids(t, "[R]  x", 1, IDS(4, 1));               /* rstrip takes the spaces after */
+    expect_ids(t, "ohi hi! hi_ hi", 1, IDS(6, 7, 8, 2, 5, 10, 2, 7, 8, 9, 2, 5));   /* whole words only */
+    tokenizer_free(t);
+}
+
 /* Each broken file must fail with a negative status and a message naming the file and the
  * problem. */
 Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
@@ -606,7 +646,7 @@ Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
 
 /* ---- chat templates --------------------------------------------------------------------- */
 
-Test(tokenizer, chat_render)
+Test(tokenizer, chat_templates)
 {
     char buf[512];
     const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"

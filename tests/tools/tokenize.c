@@ -4,9 +4,10 @@
  *   tokenize --bench FILE MODEL       encode FILE (whole, then line by line), print tokens/s
  *   tokenize --decode MODEL < ids     one line of ids in, their bytes out
  *
- * A record is a u32 little-endian length, one flag byte (bit 0: parse special tokens) and
- * that many bytes, which may be any bytes (invalid UTF-8, NULs). For each record one line of
- * space-separated ids is printed, or "ERROR <status>". scripts/tokenizer_check.py drives it.
+ * A record is a u32 little-endian length, one flag byte (bit 0: parse special tokens; bit 1:
+ * also decode) and that many bytes, which may be any bytes (invalid UTF-8, NULs). For each
+ * record one line of space-separated ids is printed (with bit 1, then a tab and the hex of the
+ * concatenated decoded bytes), or "ERROR <status>". scripts/tokenizer_check.py drives it.
  */
 #include "tokenizer.h"
 #include "gguf.h"
@@ -179,6 +180,15 @@ int main(int argc, char **argv)
             n = tokenizer_encode(t, buf, len, hdr[4] & 1, ids, (int)ids_cap);
             if (n < 0) { printf("ERROR %d\n", n); continue; }
             for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+            if (hdr[4] & 2) {
+                putchar('\t');
+                for (int i = 0; i < n; i++) {
+                    char piece[1024];
+                    int l = tokenizer_decode(t, ids[i], piece, sizeof piece);
+                    if (l < 0 || l > (int)sizeof piece) { printf("DECODE-ERROR %d", ids[i]); break; }
+                    for (int k = 0; k < l; k++) printf("%02x", (unsigned char)piece[k]);
+                }
+            }
             putchar('\n');
         }
     }
