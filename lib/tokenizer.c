@@ -335,9 +335,11 @@ static int added_add(tokenizer *t, int id, const char *s, size_t n, int special,
 {
     added_token *a;
     if (tok_set_piece(t, id, s, n) < 0) return -1;
-    a = realloc(t->added, ((size_t)t->n_added + 1) * sizeof *a);
-    if (!a) return -1;
-    t->added = a;
+    if ((t->n_added & (t->n_added - 1)) == 0) {     /* capacity doubles at each power of two */
+        a = realloc(t->added, ((size_t)t->n_added * 2 + 1) * sizeof *a);
+        if (!a) return -1;
+        t->added = a;
+    }
     a = &t->added[t->n_added++];
     a->id = id;
     a->off = t->off[id];
