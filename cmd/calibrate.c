@@ -114,7 +114,7 @@ int cmd_calibrate(int argc, char **argv)
     text = read_all(f, &len);
     if (f != stdin) fclose(f);
     if (!text) { die("cannot read '%s'", sample); goto done; }
-    int cap = (int)(len + 16);
+    int cap = (int)(3 * len + 16);   /* invalid UTF-8 can give up to 3 ids a byte */
     if (!(ids = malloc(sizeof *ids * cap))) { die("out of memory"); goto done; }
     int n = tokenizer_encode(m->tok, text, len, 0, ids, cap);
     if (n < 0) { die("'%s': cannot tokenize", sample); goto done; }

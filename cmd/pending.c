@@ -14,4 +14,3 @@ static int pending(const char *name, int argc, char **argv)
 }
 
 int cmd_convert(int argc, char **argv) { return pending("convert", argc, argv); }
-int cmd_bench(int argc, char **argv) { return pending("bench", argc, argv); }

@@ -102,6 +102,7 @@ static int write_atomic(const char *path, const void *buf, size_t len)
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) return die("cannot create '%s': %m", path);
+    fchmod(fd, 0644);
     FILE *f = fdopen(fd, "wb");
     int ok = f && fwrite(buf, 1, len, f) == len;
     ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
@@ -191,7 +192,7 @@ int cmd_run(int argc, char **argv)
             input = rendered;
         }
         size_t len = strlen(input);
-        int cap = (int)(len + 16);
+        int cap = (int)(3 * len + 16);   /* invalid UTF-8 can give up to 3 ids a byte */
         ids = malloc(cap * sizeof *ids);
         n_prompt = ids ? tokenizer_encode(m->tok, input, len, chat, ids, cap) : -1;
         free(rendered);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -217,7 +218,8 @@ int profile_save(const profile *p, const char *path, char *err)
         return fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
     }
     size_t n = strlen(pretty);
-    int ok = write(fd, pretty, n) == (ssize_t)n;
+    int ok = fchmod(fd, 0644) == 0;
+    ok = write(fd, pretty, n) == (ssize_t)n;
     ok = fsync(fd) == 0 && ok;
     ok = close(fd) == 0 && ok;
     free(pretty);

@@ -1,0 +1,392 @@
+/* bench.c - compound CA, perplexity and passkey benchmarks over the selection policies. */
+#include "bench.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calibrate.h"
+#include "sampler.h"
+#include "topk.h"
+
+int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
+{
+    char base[48];
+    snprintf(base, sizeof base, "%s", spec);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", spec);
+    const int nc = m->cfg.d_head / 2;
+    int fcs = prof ? prof->fcs : nc / 4, group = 0, dense = 1;
+    char *colon = strchr(base, ':');
+    if (colon) {
+        char *end;
+        long f = strtol(colon + 1, &end, 10);
+        if (*end || f < 1 || f > nc) return fasa_error(err, FASA_EARG, "policy '%s': F must be 1..%d", spec, nc);
+        fcs = (int)f;
+        *colon = 0;
+    }
+    char *dash;
+    while ((dash = strrchr(base, '-')) && strncmp(base, "fasa", 4) == 0 && dash > base + 3) {
+        if (!strcmp(dash, "-1/8")) fcs = nc / 8;
+        else if (!strcmp(dash, "-1/4")) fcs = nc / 4;
+        else if (!strcmp(dash, "-group")) group = 1;
+        else if (!strcmp(dash, "-nodense")) dense = 0;
+        else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
+        else return fasa_error(err, FASA_EARG, "unknown policy variant '%s' in '%s'", dash, spec);
+        *dash = 0;
+    }
+    enum policy_kind k;
+    if (policy_parse(base, &k) < 0)
+        return fasa_error(err, FASA_EARG, "unknown policy '%s' (full, fasa, oracle, stream, snapkv, h2o, quest, random)", spec);
+    out->o = policy_defaults(k, m, 1);
+    out->o.fcs = fcs < 1 ? 1 : fcs;
+    out->o.group = group;
+    out->o.n_dense_layers = dense;
+    out->o.prof = prof;
+    if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
+    return 0;
+}
+
+static int add_row(bench_row **rows, int *n, const char *task, const char *policy, int budget, int context,
+                   double value, double extra, double depth)
+{
+    bench_row *r = realloc(*rows, sizeof **rows * (*n + 1));
+    if (!r) return -1;
+    *rows = r;
+    bench_row *x = &r[(*n)++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->task, sizeof x->task, "%s", task);
+    snprintf(x->policy, sizeof x->policy, "%s", policy);
+    x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth;
+    return 0;
+}
+
+/* Prefill ids[0..n) in batches ending exactly at n, so later batches never straddle it. */
+static int prefill(const model *m, run_state *s, const int32_t *ids, int n, char *err)
+{
+    for (int i = 0; i < n;) {
+        int nb = n - i < s->n_batch ? n - i : s->n_batch;
+        int rc = model_forward(m, s, ids + i, nb, 0, err);
+        if (rc < 0) return rc;
+        i += nb;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- compound CA */
+
+typedef struct ca_ctx {
+    const bench_cfg *cfg;
+    policy *pol;             /* (n_policy) */
+    const attn_stats *st;
+    int n_prefill, n_ctx, n_threads;
+    uint64_t *hits, *den;    /* (n_threads, n_policy, n_k) */
+    float **full;
+    uint8_t **bucket;
+    uint64_t **keys;
+    int32_t **idx;
+    float **score;
+} ca_ctx;
+
+static void ca_query(void *vctx, const model *m, const run_state *s, int layer, int head, int pos, const float *q)
+{
+    ca_ctx *c = vctx;
+    if (pos < c->n_prefill) return;
+    const bench_cfg *cfg = c->cfg;
+    const int tid = omp_get_thread_num(), t = pos + 1, d = m->cfg.d_head, g = head / (m->cfg.n_head / m->cfg.n_kv_head);
+    const float *K = kvcache_k(&s->kv, layer, g);
+    float *full = c->full[tid];
+    for (int i = 0; i < t; i++) full[i] = ops_dot(q, K + (size_t)i * d, d);
+    calib_buckets(full, t, cfg->ks, cfg->n_k, c->bucket[tid], c->keys[tid]);
+    /* q of every head of this token: the forward pass keeps them contiguous */
+    const float *q_tok = q - (size_t)head * d;
+    for (int p = 0; p < cfg->n_policy; p++) {
+        for (int b = 0; b < cfg->n_k; b++) {
+            const int K_ = cfg->ks[b];
+            const int k = K_ < t ? K_ : t;
+            policy_scratch sc = { c->score[tid], c->keys[tid] + c->n_ctx };
+            int n = policy_select(&c->pol[p], s, c->st, layer, head, pos, q_tok, K_, c->idx[tid], &sc);
+            int inter = 0;
+            if (n < 0) inter = k;   /* everything fits: agreement is total */
+            else for (int j = 0; j < n; j++) inter += c->bucket[tid][c->idx[tid][j]] <= b;
+            size_t at = ((size_t)tid * cfg->n_policy + p) * cfg->n_k + b;
+            c->hits[at] += inter;
+            c->den[at] += k;
+        }
+    }
+}
+
+int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err)
+{
+    const int steps = cfg->steps > 0 ? cfg->steps : 256;
+    if (n <= steps) return fasa_error(err, FASA_EARG, "the text (%d tokens) must be longer than %d steps", n, steps);
+    const int n_prefill = n - steps;
+    int rc = 0;
+    run_state *s = run_state_new(m, n, 64, err);
+    if (!s) return FASA_ENOMEM;
+    attn_stats st;
+    if ((rc = attn_stats_init(&st, m, n, STATS_QUEST | STATS_SNAPKV, n_prefill, err)) < 0) { run_state_free(s); return rc; }
+    ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads };
+    c.pol = calloc(cfg->n_policy, sizeof *c.pol);
+    size_t nh = (size_t)c.n_threads * cfg->n_policy * cfg->n_k;
+    c.hits = calloc(nh, sizeof *c.hits);
+    c.den = calloc(nh, sizeof *c.den);
+    c.full = calloc(c.n_threads, sizeof *c.full);
+    c.bucket = calloc(c.n_threads, sizeof *c.bucket);
+    c.keys = calloc(c.n_threads, sizeof *c.keys);
+    c.idx = calloc(c.n_threads, sizeof *c.idx);
+    c.score = calloc(c.n_threads, sizeof *c.score);
+    int ok = c.pol && c.hits && c.den && c.full && c.bucket && c.keys && c.idx && c.score;
+    for (int t = 0; ok && t < c.n_threads; t++) {
+        c.full[t] = malloc(sizeof(float) * n);
+        c.bucket[t] = malloc(n);
+        c.keys[t] = malloc(sizeof(uint64_t) * 2 * n);
+        c.idx[t] = malloc(sizeof(int32_t) * n);
+        c.score[t] = malloc(sizeof(float) * n);
+        ok = c.full[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];
+    }
+    if (!ok) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
+    for (int p = 0; p < cfg->n_policy; p++) {
+        policy_opts o = cfg->policies[p].o;
+        o.n_dense_layers = 0;   /* CA is measured in every layer */
+        o.budget = 1;
+        if ((rc = policy_init(&c.pol[p], m, &o, err)) < 0) goto out;
+    }
+    s->stats = &st;
+    if ((rc = prefill(m, s, ids, n_prefill, err)) < 0) goto out;
+    attn_obs obs = { ca_query, &c };
+    s->obs = &obs;
+    for (int i = n_prefill; i < n; i += s->n_batch) {
+        int nb = n - i < s->n_batch ? n - i : s->n_batch;
+        if ((rc = model_forward(m, s, ids + i, nb, 0, err)) < 0) goto out;
+        if (cfg->progress) cfg->progress(cfg->progress_ctx, i + nb - n_prefill, steps);
+    }
+    for (int p = 0; p < cfg->n_policy; p++)
+        for (int b = 0; b < cfg->n_k; b++) {
+            uint64_t h = 0, dd = 0;
+            for (int t = 0; t < c.n_threads; t++) {
+                size_t at = ((size_t)t * cfg->n_policy + p) * cfg->n_k + b;
+                h += c.hits[at], dd += c.den[at];
+            }
+            if (add_row(rows, n_rows, "ca", cfg->policies[p].name, cfg->ks[b], n, dd ? (double)h / dd : 0,
+                        (double)steps * m->cfg.n_layer * m->cfg.n_head, -1) < 0) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
+        }
+out:
+    for (int p = 0; c.pol && p < cfg->n_policy; p++) policy_free(&c.pol[p]);
+    for (int t = 0; c.full && t < c.n_threads; t++) free(c.full[t]), free(c.bucket[t]), free(c.keys[t]), free(c.idx[t]), free(c.score[t]);
+    free(c.pol); free(c.hits); free(c.den); free(c.full); free(c.bucket); free(c.keys); free(c.idx); free(c.score);
+    attn_stats_free(&st);
+    run_state_free(s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- perplexity */
+
+static double nll_of(const float *logits, int n_vocab, int target)
+{
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++) if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    return log(sum) + mx - logits[target];
+}
+
+/* Snapshot of the statistics prefill leaves behind, so each policy starts from the same state. */
+typedef struct stats_snap { float *votes, *h2o; int *pages; size_t lh, pg; } stats_snap;
+
+static void snap_take(stats_snap *sn, const attn_stats *st)
+{
+    sn->lh = (size_t)st->n_threads * st->n_layer * st->n_head * st->n_ctx;
+    sn->pg = (size_t)st->n_layer * st->n_kv;
+    sn->votes = st->votes ? malloc(sn->lh * sizeof(float)) : NULL;
+    sn->h2o = st->h2o ? malloc(sn->lh * sizeof(float)) : NULL;
+    sn->pages = st->pages_done ? malloc(sn->pg * sizeof(int)) : NULL;
+    if (sn->votes) memcpy(sn->votes, st->votes, sn->lh * sizeof(float));
+    if (sn->h2o) memcpy(sn->h2o, st->h2o, sn->lh * sizeof(float));
+    if (sn->pages) memcpy(sn->pages, st->pages_done, sn->pg * sizeof(int));
+}
+
+static void snap_restore(const stats_snap *sn, attn_stats *st)
+{
+    if (sn->votes) memcpy(st->votes, sn->votes, sn->lh * sizeof(float));
+    if (sn->h2o) memcpy(st->h2o, sn->h2o, sn->lh * sizeof(float));
+    if (sn->pages) memcpy(st->pages_done, sn->pages, sn->pg * sizeof(int));
+}
+
+static void snap_free(stats_snap *sn) { free(sn->votes); free(sn->h2o); free(sn->pages); }
+
+int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err)
+{
+    const int M = cfg->steps > 0 ? cfg->steps : 256, V = m->cfg.n_vocab;
+    int rc = 0, done = 0, total = cfg->n_ctx * cfg->n_policy * cfg->n_budget;
+    for (int ci = 0; ci < cfg->n_ctx; ci++) {
+        const int C = cfg->contexts[ci], P = C - M;
+        if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
+        if (P < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
+        run_state *s = run_state_new(m, C, 64, err);
+        if (!s) return FASA_ENOMEM;
+        attn_stats st;
+        if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) { run_state_free(s); return rc; }
+        s->stats = &st;
+        stats_snap sn = { 0 };
+        if ((rc = prefill(m, s, ids, P, err)) < 0) goto next;
+        snap_take(&sn, &st);
+        for (int pi = 0; pi < cfg->n_policy; pi++) {
+            const bench_policy *bp = &cfg->policies[pi];
+            int nb_budget = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
+            for (int bi = 0; bi < nb_budget; bi++) {
+                policy pol;
+                policy_opts o = bp->o;
+                o.budget = bp->o.kind == POLICY_FULL ? C : cfg->budgets[bi];
+                if ((rc = policy_init(&pol, m, &o, err)) < 0) goto next;
+                snap_restore(&sn, &st);
+                s->n_past = P;
+                s->policy = &pol;
+                s->sparse_from = P;
+                /* h2o's scores depend on the previous step: one token at a time */
+                const int batch = o.kind == POLICY_H2O ? 1 : s->n_batch;
+                double nll = 0;
+                for (int i = 0; i < M && rc == 0; i += batch) {
+                    int nb = M - i < batch ? M - i : batch;
+                    rc = model_forward(m, s, ids + P + i, nb, 1, err);
+                    for (int j = 0; j < nb && rc == 0; j++) nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
+                }
+                s->policy = NULL;
+                policy_free(&pol);
+                if (rc < 0) goto next;
+                if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M), nll / M, -1) < 0) {
+                    rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+                    goto next;
+                }
+                done += bp->o.kind == POLICY_FULL ? cfg->n_budget : 1;
+                if (cfg->progress) cfg->progress(cfg->progress_ctx, done, total);
+            }
+        }
+    next:
+        snap_free(&sn);
+        attn_stats_free(&st);
+        run_state_free(s);
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- passkey */
+
+static const char filler[] =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+
+/* Builds the prompt: filler up to ~len tokens with the key sentence at depth; returns ids. */
+static int passkey_prompt(const model *m, int len, double depth, int key, int32_t **out, char *err)
+{
+    char needle[128], question[160];
+    snprintf(needle, sizeof needle, "The pass key is %d. Remember it. %d is the pass key. ", key, key);
+    snprintf(question, sizeof question, "What is the pass key? The pass key is");
+    const char *head = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+                       "I will quiz you about the important information there. ";
+    /* filler sentences cost the same tokens each time: measure once */
+    int32_t tmp[256];
+    int per = tokenizer_encode(m->tok, filler, strlen(filler), 0, tmp, 256);
+    int fixed = tokenizer_encode(m->tok, head, strlen(head), 0, tmp, 256) +
+                tokenizer_encode(m->tok, needle, strlen(needle), 0, tmp, 256) +
+                tokenizer_encode(m->tok, question, strlen(question), 0, tmp, 256);
+    int reps = (len - fixed) / (per > 0 ? per : 1);
+    if (reps < 1) reps = 1;
+    int at = (int)(depth * reps + 0.5);
+    size_t cap = strlen(head) + strlen(needle) + strlen(question) + (size_t)reps * strlen(filler) + 1;
+    char *text = malloc(cap);
+    if (!text) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    strcpy(text, head);
+    size_t w = strlen(text);
+    for (int r = 0; r <= reps; r++) {
+        if (r == at) { memcpy(text + w, needle, strlen(needle)); w += strlen(needle); }
+        if (r < reps) { memcpy(text + w, filler, strlen(filler)); w += strlen(filler); }
+    }
+    memcpy(text + w, question, strlen(question) + 1);
+    w += strlen(question);
+    int32_t *ids = malloc(sizeof *ids * (w + 16));
+    int n = ids ? tokenizer_encode(m->tok, text, w, 0, ids, (int)(w + 16)) : -1;
+    free(text);
+    if (n < 0) { free(ids); return fasa_error(err, FASA_EFORMAT, "cannot tokenize the passkey prompt"); }
+    *out = ids;
+    return n;
+}
+
+int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err)
+{
+    if (!m->tok) return fasa_error(err, FASA_EARG, "passkey needs a tokenizer");
+    const int n_gen = 8, V = m->cfg.n_vocab;
+    const int seeds = cfg->seeds > 0 ? cfg->seeds : 5;
+    int rc = 0, done = 0, total = cfg->n_ctx * cfg->n_depth * seeds;
+    /* hits per (length, policy, budget) */
+    int nb_all = cfg->n_policy * cfg->n_budget;
+    int *hits = calloc((size_t)cfg->n_ctx * cfg->n_depth * nb_all, sizeof *hits);
+    if (!hits) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    uint64_t rng = 12345;
+    for (int li = 0; li < cfg->n_ctx && rc == 0; li++) {
+        for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
+            for (int sd = 0; sd < seeds && rc == 0; sd++) {
+                int key = 10000 + (int)(sampler_rand(&rng) * 89999);
+                int32_t *ids = NULL;
+                int n = passkey_prompt(m, cfg->contexts[li], cfg->depths[di], key, &ids, err);
+                if (n < 0) { rc = n; break; }
+                run_state *s = run_state_new(m, n + n_gen, 64, err);
+                attn_stats st;
+                stats_snap sn = { 0 };
+                if (!s) { free(ids); rc = FASA_ENOMEM; break; }
+                if ((rc = attn_stats_init(&st, m, n + n_gen, STATS_QUEST | STATS_SNAPKV | STATS_H2O, n, err)) < 0) {
+                    run_state_free(s); free(ids); break;
+                }
+                s->stats = &st;
+                /* prefill all but the last prompt token densely; it is the first decode step */
+                if ((rc = prefill(m, s, ids, n - 1, err)) == 0) snap_take(&sn, &st);
+                char want[16];
+                snprintf(want, sizeof want, "%d", key);
+                for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
+                    const bench_policy *bp = &cfg->policies[pi];
+                    for (int bi = 0; bi < cfg->n_budget && rc == 0; bi++) {
+                        policy pol;
+                        policy_opts o = bp->o;
+                        o.budget = cfg->budgets[bi];
+                        if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
+                        snap_restore(&sn, &st);
+                        s->n_past = n - 1;
+                        s->policy = &pol;
+                        s->sparse_from = n - 1;
+                        char outbuf[256];
+                        size_t ol = 0;
+                        int32_t tok = ids[n - 1];
+                        for (int g = 0; g < n_gen && rc == 0; g++) {
+                            if ((rc = model_forward(m, s, &tok, 1, 0, err)) < 0) break;
+                            tok = sampler_argmax(s->logits, V);
+                            char piece[64];
+                            int pl = tokenizer_decode(m->tok, tok, piece, sizeof piece);
+                            if (pl > 0 && ol + pl < sizeof outbuf - 1) memcpy(outbuf + ol, piece, pl), ol += pl;
+                        }
+                        outbuf[ol] = 0;
+                        s->policy = NULL;
+                        policy_free(&pol);
+                        hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] += strstr(outbuf, want) != NULL;
+                    }
+                }
+                snap_free(&sn);
+                attn_stats_free(&st);
+                run_state_free(s);
+                free(ids);
+                if (cfg->progress) cfg->progress(cfg->progress_ctx, ++done, total);
+            }
+        }
+    }
+    for (int li = 0; li < cfg->n_ctx && rc == 0; li++)
+        for (int di = 0; di < cfg->n_depth; di++)
+            for (int pi = 0; pi < cfg->n_policy; pi++)
+                for (int bi = 0; bi < cfg->n_budget; bi++)
+                    if (add_row(rows, n_rows, "passkey", cfg->policies[pi].name, cfg->budgets[bi], cfg->contexts[li],
+                                hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] / (double)seeds,
+                                seeds, cfg->depths[di]) < 0)
+                        rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+    free(hits);
+    return rc;
+}

@@ -1,0 +1,55 @@
+/* bench.h - accuracy benchmarks of the selection policies on one model: compound contextual
+ * agreement, perplexity (DESIGN.md §6 protocol) and passkey retrieval.
+ *
+ *   bench_row *rows; int n;
+ *   bench_ppl(m, ids, n_ids, &cfg, &rows, &n, err);   // one row per (policy, budget, context)
+ *
+ * Every task runs the ordinary forward pass: dense prefill, then decode steps whose attention
+ * reads what the policy selects (attention.h). Teacher-forced steps run in batches where that
+ * is exact (every policy except h2o, whose scores depend on the previous step).
+ */
+#ifndef FASA_BENCH_H
+#define FASA_BENCH_H
+
+#include "attention.h"
+#include "model.h"
+#include "profile.h"
+
+#define BENCH_MAX 32
+
+typedef struct bench_policy {
+    char name[48];           /* as given: fasa, fasa-1/8, fasa-group, stream, ... */
+    policy_opts o;           /* budget is filled per run */
+} bench_policy;
+
+typedef struct bench_cfg {
+    int n_policy;
+    bench_policy policies[BENCH_MAX];
+    int n_budget, budgets[BENCH_MAX];     /* ppl, passkey; ca uses ks */
+    int n_ctx, contexts[BENCH_MAX];       /* ppl contexts C; passkey lengths */
+    int n_k, ks[BENCH_MAX];               /* ca */
+    int steps;                            /* M decode steps (ppl, ca) */
+    int n_depth; double depths[BENCH_MAX];/* passkey */
+    int seeds;                            /* passkey samples per (length, depth) */
+    void (*progress)(void *ctx, int done, int total);
+    void *progress_ctx;
+} bench_cfg;
+
+typedef struct bench_row {
+    char task[16], policy[48];
+    int budget, context;     /* for ca: budget = K, context = tokens */
+    double depth;            /* passkey: where the key sits (0 = start, 1 = end); else -1 */
+    double value;            /* ca in [0,1]; ppl; passkey accuracy in [0,1] */
+    double extra;            /* ppl: mean NLL; passkey: samples; ca: steps x layers x heads */
+} bench_row;
+
+/* Parses a policy spec: full, oracle, stream, snapkv, h2o, quest, random, fasa, and fasa
+ * variants: fasa-1/8, fasa-1/4 (F as a fraction of the chunks), fasa:F, fasa-group,
+ * fasa-nodense (layer 0 sparse too). */
+int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err);
+
+int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
+int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
+int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
+
+#endif
