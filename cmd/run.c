@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "attention.h"
 #include "cmd.h"
 #include "model.h"
 #include "sampler.h"
@@ -20,7 +21,13 @@ static const char usage_text[] =
     "Tokens stream to stdout; speed figures go to stderr.\n"
     "\n"
     "  -m, --model PATH      model (instead of the first argument)\n"
-    "      --mode MODE       attention: full (default)\n"
+    "      --mode MODE       attention: full, or fasa-c (FASA over the whole cache); the default is\n"
+    "                        fasa-c when MODEL has a profile (fasa calibrate), else full\n"
+    "  -p, --profile FILE    calibration profile (default: MODEL's .profile.json when present)\n"
+    "      --budget N        fasa: tokens attended per query (default 256)\n"
+    "      --fcs F           fasa: dominant frequency chunks per head (default: the profile's)\n"
+    "      --dense-layers N  fasa: first N layers attend densely (default 1)\n"
+    "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
     "  -n, --n-predict N     tokens to generate (default 256; 0: prompt only)\n"
     "      --temp T          temperature (default 0: greedy)\n"
     "      --top-k K         keep the K most likely tokens (default 0: off)\n"
@@ -40,7 +47,8 @@ static const char usage_text[] =
     "  -h, --help            this text\n";
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
-       OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON };
+       OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
+       OPT_DENSE, OPT_GROUP };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -52,6 +60,9 @@ static const struct option long_opts[] = {
     { "threads", required_argument, 0, 't' },    { "ids", required_argument, 0, OPT_IDS },
     { "print-ids", no_argument, 0, OPT_PRINT_IDS }, { "dump-logits", required_argument, 0, OPT_DUMP },
     { "json", no_argument, 0, OPT_JSON },        { "help", no_argument, 0, 'h' },
+    { "profile", required_argument, 0, 'p' },   { "budget", required_argument, 0, OPT_BUDGET },
+    { "fcs", required_argument, 0, OPT_FCS },    { "dense-layers", required_argument, 0, OPT_DENSE },
+    { "group", no_argument, 0, OPT_GROUP },
     { 0, 0, 0, 0 },
 };
 
@@ -116,17 +127,28 @@ static int write_atomic(const char *path, const void *buf, size_t len)
 int cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
+    const char *mode = NULL, *prof_path = NULL;
+    long budget = 256, fcs = 0, dense_layers = 1;
+    int group = 0;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
     int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:n:t:h", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:n:t:p:h", long_opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case OPT_MODE:
-            if (strcmp(optarg, "full"))
-                return die("--mode '%s' is not available yet (this build has: full)", optarg);
+            if (!strcmp(optarg, "fasa-m"))
+                return die("--mode fasa-m: the cold-tier KV store is not built yet; use fasa-c");
+            if (strcmp(optarg, "full") && strcmp(optarg, "fasa-c") && strcmp(optarg, "fasa"))
+                return die("--mode '%s' is not one of full, fasa-c", optarg);
+            mode = optarg;
             break;
+        case 'p': prof_path = optarg; break;
+        case OPT_BUDGET: if (parse_int("--budget", optarg, 1, 1 << 24, &budget)) return 1; break;
+        case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return 1; break;
+        case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return 1; break;
+        case OPT_GROUP: group = 1; break;
         case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return 1; break;
         case OPT_TEMP: if (parse_float("--temp", optarg, 0, 100, &temp)) return 1; break;
         case OPT_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 24, &top_k)) return 1; break;
@@ -166,6 +188,38 @@ int cmd_run(int argc, char **argv)
     int n_prompt;
     char *text = NULL;
     int status = 1;
+
+    /* FASA: on by default when the model has a profile. */
+    profile prof = { 0 };
+    policy pol = { 0 };
+    int fasa = 0;
+    char defp[4096];
+    if (!prof_path && (!mode || strcmp(mode, "full"))) {
+        profile_default_path(model_path, defp, sizeof defp);
+        if (access(defp, R_OK) == 0) prof_path = defp;
+    }
+    if (mode && strcmp(mode, "full") && !prof_path) {
+        die("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);
+        goto out;
+    }
+    if (prof_path && (!mode || strcmp(mode, "full"))) {
+        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0) {
+            die("%s", err);
+            goto out;
+        }
+        policy_opts po = policy_defaults(POLICY_FASA, m, (int)budget);
+        po.prof = &prof;
+        po.fcs = fcs ? (int)fcs : prof.fcs;
+        po.n_dense_layers = (int)dense_layers;
+        po.group = group;
+        if (policy_init(&pol, m, &po, err) < 0) { die("%s", err); goto out; }
+        fasa = 1;
+        fprintf(stderr, "fasa: fasa-c with profile '%s': budget %ld tokens, F = %d of %d chunks, %ld dense layer%s%s\n",
+                prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers, dense_layers == 1 ? "" : "s",
+                group ? ", per-KV-head selection" : "");
+    } else if (!mode) {
+        fprintf(stderr, "fasa: full attention (no profile for this model; 'fasa calibrate %s' enables fasa-c)\n", model_path);
+    }
     if (ids_path) {
         if ((n_prompt = read_ids(ids_path, &ids, cfg->n_vocab)) < 0) goto out;
     } else {
@@ -208,6 +262,10 @@ int cmd_run(int argc, char **argv)
     const int n_batch = 64;
     run_state *s = run_state_new(m, (int)n_ctx, n_batch, err);
     if (!s) { die("%s", err); goto out; }
+    if (fasa) {
+        s->policy = &pol;
+        s->sparse_from = n_prompt;   /* prefill is dense */
+    }
     sampler sp;
     if (sampler_init(&sp, cfg->n_vocab, (float)temp, (int)top_k, (float)top_p, (uint64_t)seed, err) < 0) {
         run_state_free(s);
@@ -238,8 +296,7 @@ int cmd_run(int argc, char **argv)
     size_t text_cap = 256, text_len = 0;
     char *out_text = json ? malloc(text_cap) : NULL;
     int n_gen = 0;
-    double kv_bytes = 0;
-    const double kv_row = 2.0 * cfg->n_layer * cfg->n_kv_head * cfg->d_head * sizeof(float);
+    const uint64_t kv0 = run_state_kv_bytes_read(s);
     t0 = fasa_now();
     for (; n_gen < n_predict; n_gen++) {
         int32_t next = sampler_sample(&sp, s->logits);
@@ -267,10 +324,10 @@ int cmd_run(int argc, char **argv)
         }
         if (!json) fflush(stdout);
         if (n_gen + 1 == n_predict) { n_gen++; break; }
-        kv_bytes += kv_row * (s->n_past + 1);
         if (model_forward(m, s, &next, 1, 0, err) < 0) { die("%s", err); goto out_gen; }
     }
     double t_decode = fasa_now() - t0;
+    double kv_bytes = (double)(run_state_kv_bytes_read(s) - kv0);
     int n_steps = n_gen > 1 ? n_gen - 1 : 0;   /* forward passes in the decode loop */
     if (!json && (n_gen || print_ids)) putchar('\n');
 
@@ -278,8 +335,8 @@ int cmd_run(int argc, char **argv)
     double dec_tps = n_steps ? n_steps / t_decode : 0;
     double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
-            "(weights %.1f MB + KV) | %d threads\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
-            m->weight_bytes / 1e6, omp_get_max_threads());
+            "(weights %.1f MB + KV %.2f MB per token) | %s | %d threads\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
+            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, fasa ? "fasa-c" : "full", omp_get_max_threads());
     if (json) {
         cJSON *o = cJSON_CreateObject();
         if (out_text) jtext = cJSON_AddStringToObject(o, "text", (out_text[text_len] = 0, out_text));
@@ -291,6 +348,8 @@ int cmd_run(int argc, char **argv)
         cJSON_AddNumberToObject(o, "decode_tok_s", dec_tps);
         cJSON_AddNumberToObject(o, "decode_gb_s", gbs);
         cJSON_AddNumberToObject(o, "threads", omp_get_max_threads());
+        cJSON_AddStringToObject(o, "mode", fasa ? "fasa-c" : "full");
+        cJSON_AddNumberToObject(o, "kv_bytes_per_token", n_steps ? kv_bytes / n_steps : 0);
         char *str = cJSON_Print(o);
         puts(str);
         free(str);
@@ -305,6 +364,8 @@ out_state:
     sampler_free(&sp);
     run_state_free(s);
 out:
+    policy_free(&pol);
+    profile_free(&prof);
     free(ids);
     free(text);
     model_close(m);

@@ -106,8 +106,11 @@ static void tip_scores(float *S, const float *q, const float *K, int t, int d, c
     }
 }
 
-/* Scores that make forced tokens win: sinks first, then the most recent. */
-#define FORCED 1e30f
+/* Scores that make forced tokens win over any real score and keep their order among themselves:
+ * 2^100 (1 + i 2^-23) is exact and strictly increasing in i for i < 2^23, so later tokens win
+ * ties; sinks sit one power of two higher. */
+static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
+static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
 int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
                   int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc)
@@ -143,7 +146,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         const float *v = st->votes + ((size_t)layer * c->n_head + head) * st->n_ctx;
         const int lo = st->snap_lo;
         for (int i = 0; i < t; i++) {
-            if (i >= lo) { S[i] = FORCED + (float)i; continue; }
+            if (i >= lo) { S[i] = forced(i); continue; }
             /* max-pool over 7 neighbours smooths the votes, as SnapKV does */
             float mx = v[i];
             for (int j = i - 3; j <= i + 3; j++)
@@ -156,7 +159,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         /* half heavy hitters by accumulated attention, half recent */
         const float *acc = st->h2o + ((size_t)layer * c->n_head + head) * st->n_ctx;
         const int recent = budget / 2;
-        for (int i = 0; i < t; i++) S[i] = i >= t - recent ? FORCED + (float)i : acc[i];
+        for (int i = 0; i < t; i++) S[i] = i >= t - recent ? forced(i) : acc[i];
         break;
     }
     case POLICY_QUEST: {
@@ -170,19 +173,19 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
             for (int j = 0; j < d; j++) sc2 += fmaxf(q[j] * mx[(size_t)pg * d + j], q[j] * mn[(size_t)pg * d + j]);
             for (int i = pg * P; i < (pg + 1) * P; i++) S[i] = sc2;
         }
-        for (int i = full * P; i < t; i++) S[i] = FORCED + (float)i;
+        for (int i = full * P; i < t; i++) S[i] = forced(i);
         break;
     }
     default:
         return -1;
     }
     /* forced tokens (attention sinks, a recent window) */
-    for (int i = 0; i < o->n_sink && i < t; i++) S[i] = 2 * FORCED;
+    for (int i = 0; i < o->n_sink && i < t; i++) S[i] = forced_sink(i);
     if (o->kind == POLICY_STREAM) {
-        for (int i = 0; i < t; i++) S[i] = i < o->n_sink ? 2 * FORCED : (float)i;
+        for (int i = 0; i < t; i++) S[i] = i < o->n_sink ? forced_sink(i) : (float)i;
     } else {
         for (int i = t - o->n_recent; i < t; i++)
-            if (i >= 0) S[i] = FORCED + (float)i;
+            if (i >= 0) S[i] = forced(i);
     }
     return topk_indices(S, t, budget, idx, sc->sel);
 }
