@@ -6,7 +6,7 @@
 For each fixed prompt (ChatML chat, prose, code, a list, a long instruction, numbers and
 punctuation; each >= 200 tokens, tokenised with Hugging Face `tokenizers`):
   - logits at every prompt position:  fasa run MODEL --ids F --dump-logits OUT.f32 -n 0 --mode full
-  - 64 greedy tokens:                 fasa run MODEL --ids F -n 64 --temp 0 --print-ids
+  - 64 greedy tokens:                 fasa run MODEL --ids F -n 64 --temp 0 --print-ids --mode full
 and the same from transformers (float32, dequantised weights). Reference outputs are cached in
 build/ref/ keyed by a hash of (model sha256, ids, reference version).
 
@@ -305,7 +305,7 @@ def fasa_logits(fasa, model, ids_file, out, n_pos, n_vocab, timeout):
 
 def fasa_greedy(fasa, model, ids_file, n, timeout):
     out = run_fasa([fasa, "run", model, "--ids", ids_file, "-n", str(n), "--temp", "0",
-                    "--print-ids"], timeout)
+                    "--print-ids", "--mode", "full"], timeout)
     try:
         return [int(x) for x in out.split()]
     except ValueError:

@@ -163,3 +163,23 @@ Test(cli, real_model_chat_answer, .timeout = 300)
     cr_expect(strstr(out, "Paris") != NULL, "greedy answer lacks 'Paris': %s", out);
     free(out); free(err);
 }
+
+/* The real model's logits and greedy tokens against Hugging Face transformers (make verify). */
+Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("verify::real_model_logits_vs_transformers: default model not installed (run scripts/setup.sh)");
+    char root[1024];
+    const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
+    snprintf(root, sizeof root, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
+    char py[1200], cmd[4096];
+    snprintf(py, sizeof py, "%s/.venv/bin/python", root);
+    if (access(py, X_OK) != 0)
+        cr_skip_test("verify::real_model_logits_vs_transformers: no reference venv (scripts/setup.sh --reference)");
+    snprintf(cmd, sizeof cmd, "cd %s && .venv/bin/python scripts/verify_logits.py --fasa %s --model %s >build/verify.log 2>&1",
+             root, bin, m);
+    int st = system(cmd);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    if (rc == 77) cr_skip_test("verify::real_model_logits_vs_transformers: reference cannot be imported (see build/verify.log)");
+    cr_expect_eq(rc, 0, "verify_logits.py failed (exit %d); see build/verify.log", rc);
+}
