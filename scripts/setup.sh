@@ -125,4 +125,15 @@ if [ "$WANT_REF" = 1 ]; then
         log "WARNING: reference venv setup failed; reference checks will skip"
     fi
 fi
+# ---------------------------------------------------------------------------------------------
+# (d) build fasa and calibrate the default model once, so `fasa run` finds its profile
+# ---------------------------------------------------------------------------------------------
+PROFILE_PATH="models/SmolLM2-135M-Instruct.Q4_1.profile.json"
+if [ -f "$PROFILE_PATH" ]; then
+    log "profile present: $PROFILE_PATH"
+else
+    log "building fasa and calibrating the default model (about a minute)"
+    make -s -j2 bin/fasa
+    bin/fasa calibrate "$MODEL_PATH" -o "$PROFILE_PATH"
+fi
 log "done"
