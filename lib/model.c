@@ -395,6 +395,15 @@ static int open_hf(model *m, const char *dir, char *err)
         if (rc == 0) s->n_files = 1;
     }
     if (rc < 0) return rc;
+    const char *order = s->n_files ? st_meta(&s->files[0], "fasa.chunk_order") : NULL;
+    if (order) {
+        model_config *c = &m->cfg;
+        if ((rc = config_check(c, dir, err)) < 0) return rc;
+        m->chunk_order = malloc(sizeof(int16_t) * c->n_layer * c->n_kv_head * (c->d_head / 2));
+        if (!m->chunk_order) return fasa_error(err, FASA_ENOMEM, "out of memory");
+        if ((rc = model_parse_chunk_order(order, c, m->chunk_order, s->files[0].path, err)) < 0) return rc;
+        c->layout = ROPE_LAYOUT_PERMUTED;
+    }
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
     if (stat(p, &st) == 0) {
         if ((rc = tokenizer_load_json(&m->tok, p, err)) < 0) return rc;
@@ -458,7 +467,57 @@ static int load_weights(model *m, char *err)
     return 0;
 }
 
-/* Identity chunk order: canonical pair c holds frequency chunk c. */
+int model_hf_dim(const model *m, int layer, int kv_head, int file_dim)
+{
+    const int d = m->cfg.d_head, half = d / 2;
+    switch (m->cfg.layout) {
+    case ROPE_LAYOUT_HF: return file_dim;
+    case ROPE_LAYOUT_INTERLEAVED: return (file_dim % 2) * half + file_dim / 2;   /* 2j + t <-> t d/2 + j */
+    default: {
+        const int16_t *order = m->chunk_order + ((size_t)layer * m->cfg.n_kv_head + kv_head) * half;
+        return (file_dim % 2) * half + order[file_dim / 2];
+    }
+    }
+}
+
+int model_parse_chunk_order(const char *json, const model_config *c, int16_t *order, const char *where, char *err)
+{
+    const int half = c->d_head / 2;
+    cJSON *j = cJSON_Parse(json);
+    int rc = 0;
+    if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != c->n_layer) {
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order must list %d layers", where, c->n_layer);
+        goto out;
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        const cJSON *la = cJSON_GetArrayItem(j, l);
+        if (!cJSON_IsArray(la) || cJSON_GetArraySize(la) != c->n_kv_head) {
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order layer %d must list %d KV heads", where, l, c->n_kv_head);
+            goto out;
+        }
+        for (int g = 0; g < c->n_kv_head; g++) {
+            const cJSON *ga = cJSON_GetArrayItem(la, g), *v;
+            char seen[512] = { 0 };
+            int r = 0;
+            if (!cJSON_IsArray(ga) || cJSON_GetArraySize(ga) != half) goto bad;
+            cJSON_ArrayForEach(v, ga) {
+                double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+                if (x < 0 || x >= half || x != (int)x || seen[(int)x]++) goto bad;
+                order[((size_t)l * c->n_kv_head + g) * half + r++] = (int16_t)x;
+            }
+            continue;
+        bad:
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order layer %d KV head %d is not a permutation of %d chunks",
+                            where, l, g, half);
+            goto out;
+        }
+    }
+out:
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* Canonical pair c holds frequency chunk c, or chunk_order[c] in a converted model. */
 static int rope_tables(model *m, char *err)
 {
     const model_config *c = &m->cfg;
@@ -473,7 +532,8 @@ static int rope_tables(model *m, char *err)
             int16_t *src = m->rope_src + (size_t)i * c->d_head + 2 * j;
             if (c->layout == ROPE_LAYOUT_HF) src[0] = j, src[1] = j + half;
             else src[0] = 2 * j, src[1] = 2 * j + 1;
-            m->rope_freq[(size_t)i * half + j] = theta[j];
+            int f = c->layout == ROPE_LAYOUT_PERMUTED ? m->chunk_order[(size_t)i * half + j] : j;
+            m->rope_freq[(size_t)i * half + j] = theta[f];
         }
     free(theta);
     return 0;
@@ -539,5 +599,6 @@ void model_close(model *m)
     tokenizer_free(m->tok);
     free(m->rope_src);
     free(m->rope_freq);
+    free(m->chunk_order);
     free(m);
 }

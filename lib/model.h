@@ -29,7 +29,9 @@
 #include "tokenizer.h"
 
 enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_MISTRAL, MODEL_ARCH_QWEN2 };
-enum rope_layout { ROPE_LAYOUT_HF, ROPE_LAYOUT_INTERLEAVED };
+/* PERMUTED: written by `fasa convert`: each KV head's q/k rows are pairs (2r, 2r+1) holding the
+ * rotation plane of frequency chunk_order[r], dominant chunks first (metadata fasa.chunk_order). */
+enum rope_layout { ROPE_LAYOUT_HF, ROPE_LAYOUT_INTERLEAVED, ROPE_LAYOUT_PERMUTED };
 enum rope_scaling { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3 };
 enum model_source { MODEL_SOURCE_GGUF, MODEL_SOURCE_SAFETENSORS };
 
@@ -66,6 +68,7 @@ struct model {
     tokenizer *tok;
     /* RoPE in canonical layout: for every (layer, kv head) and canonical pair c, the file dims
      * of its two components and its angular frequency. */
+    int16_t *chunk_order;        /* (n_layer, n_kv_head, d_head/2) PERMUTED layout only, else NULL */
     int16_t *rope_src;           /* (n_layer, n_kv_head, d_head) file dim of canonical dim */
     float *rope_freq;            /* (n_layer, n_kv_head, d_head/2) theta of canonical pair */
     int64_t n_params;
@@ -75,6 +78,14 @@ struct model {
 
 int  model_open(model **out, const char *path, char *err);
 void model_close(model *m);
+
+/* The Hugging Face (rotate_half) dim of a q/k projection dim of the file, for KV head g of a
+ * layer (and the query heads of its group). */
+int model_hf_dim(const model *m, int layer, int kv_head, int file_dim);
+
+/* Parses a fasa.chunk_order value (JSON [n_layer][n_kv_head][d_head/2] permutations) into
+ * order; 0 or < 0 with a message naming where. */
+int model_parse_chunk_order(const char *json, const model_config *c, int16_t *order, const char *where, char *err);
 
 /* Frequencies theta_j, j < d_head/2, after scaling (llama3 / linear). */
 void model_rope_freqs(const model_config *c, float *theta);

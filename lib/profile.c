@@ -101,21 +101,12 @@ uint64_t profile_model_hash(const model *m)
     return h;
 }
 
-/* Hugging Face dim of canonical dim c: canonical pairs come from the file's dims (rope_src),
- * and the file's layout says which Hugging Face dim a file dim is. */
-static int hf_dim(const model *m, int file_dim)
-{
-    const int d = m->cfg.d_head;
-    if (m->cfg.layout == ROPE_LAYOUT_HF) return file_dim;
-    return (file_dim % 2) * (d / 2) + file_dim / 2;   /* gguf 2j + t <-> hf t*d/2 + j */
-}
-
 void profile_chunk_dims(const model *m, int layer, int kv_head, enum chunk_def def, int16_t *dims)
 {
     const int d = m->cfg.d_head, half = d / 2;
     const int16_t *src = m->rope_src + ((size_t)layer * m->cfg.n_kv_head + kv_head) * d;
     for (int c = 0; c < d; c++) {
-        int hf = hf_dim(m, src[c]);
+        int hf = model_hf_dim(m, layer, kv_head, src[c]);
         /* plane: chunk j = hf dims (j, j + d/2); adjacent: chunk j = hf dims (2j, 2j + 1) */
         int chunk = def == CHUNKS_PLANE ? hf % half : hf / 2;
         int which = def == CHUNKS_PLANE ? hf / half : hf % 2;
