@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "gguf.h"
@@ -146,11 +147,318 @@ void ops_axpy(float *y, float a, const float *x, int n)
 #endif
 }
 
-/* One weight row is dequantised once into a stack buffer and reused for every input row, so a
- * batch of n tokens reads the weights once (prefill), and a single token streams them (decode). */
-static void matmul_rows(float *y, const weight *w, const float *x, int n, int64_t r0, int64_t r1,
-                        float (*dot)(const float *, const float *, int),
-                        void (*row_fn)(const weight *, int64_t, float *))
+/* ---- matrix products ------------------------------------------------------------------------
+ *
+ * Decode (n == 1) streams the weights once and is bound by memory bandwidth: each row is read a
+ * block at a time, unpacked in registers and multiplied into x with no row buffer (fused
+ * dequant + dot). For Q4_0/Q4_1 the per-block offset is applied through the block sums of x:
+ * sum_k (d q_k + m) x_k = d sum_k q_k x_k + m sum_k x_k, so a block costs one FMA per 8 values.
+ *
+ * Prefill (n > 1) is bound by arithmetic: four weight rows are dequantised to f32 (in L1) and
+ * multiplied against three tokens at a time with the twelve partial sums in ymm registers, one
+ * transposing reduction per four outputs. Tokens go in tiles whose x rows fit in L2, so each
+ * weight row is dequantised once per tile rather than once per token.
+ *
+ * Threads: one parallel region per call, no barrier inside it; each thread takes one contiguous,
+ * balanced run of rows (static split by bytes for decode, by rows for prefill). */
+
+/* Rows per prefill micro-kernel; thread splits fall on multiples of it. */
+#define MM_ROWS 4
+/* Bytes of x rows a prefill token tile may hold (L2 is 512 KB per core here). */
+#define MM_TILE_BYTES (256 * 1024)
+/* Below this many multiply-adds a call stays on one thread. */
+#define MM_PARALLEL_MIN 32768
+
+#ifdef OPS_AVX2
+static inline float hsum256(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* (sum a, sum b, sum c, sum d) */
+static inline __m128 hsum4x256(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* (sum v[0], ..., sum v[7]): a transpose-reduce instead of eight horizontal sums */
+static inline __m256 hsum8x256(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
+                               __m256 v6, __m256 v7)
+{
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+static inline uint32_t load_u32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
+}
+
+/* xs[b] = sum of x[32b .. 32b+31] */
+static void block_sums(float *xs, const float *x, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                                 _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
+        xs[b] = hsum256(s);
+    }
+}
+
+/* sum_k q_k x_k over one block of 16 nibble bytes (low nibbles are values 0..15, high 16..31) */
+static inline __m256 q4_block_dot(const uint8_t *qs, const float *x)
+{
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, mask)), _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), _mm256_loadu_ps(x + 24), s);
+}
+
+/* sum_k q_k x_k over one block of 32 signed bytes */
+static inline __m256 q8_block_dot(const uint8_t *qs, const float *x)
+{
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))),
+                             _mm256_loadu_ps(x));
+    for (int k = 1; k < 4; k++)
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k)))),
+                            _mm256_loadu_ps(x + 8 * k), s);
+    return s;
+}
+
+/* Q4_1 row: blocks of f16 d, f16 m, u8 qs[16]. Two blocks per step: two accumulator chains. */
+static float rowdot_q4_1(const uint8_t *b, const float *x, const float *xs, int64_t nb)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, b += 40, x += 64) {
+        __m128 dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b)));        /* d, m, 0, 0 */
+        __m128 dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b + 20)));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm0), q4_block_dot(b + 4, x), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm1), q4_block_dot(b + 24, x + 32), acc1);
+        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm0), _mm_load_ss(xs + i), accm);
+        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm1), _mm_load_ss(xs + i + 1), accm);
+    }
+    if (i < nb) {
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b)));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), q4_block_dot(b + 4, x), acc0);
+        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm), _mm_load_ss(xs + i), accm);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(accm);
+}
+
+/* Q4_0 row: blocks of f16 d, u8 qs[16]; value d (q - 8), so the offset term is -8 sum_b d xs. */
+static float rowdot_q4_0(const uint8_t *b, const float *x, const float *xs, int64_t nb)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, b += 36, x += 64) {
+        __m128 d0 = _mm_cvtph_ps(_mm_cvtsi32_si128(b[0] | b[1] << 8));
+        __m128 d1 = _mm_cvtph_ps(_mm_cvtsi32_si128(b[18] | b[19] << 8));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d0), q4_block_dot(b + 2, x), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d1), q4_block_dot(b + 20, x + 32), acc1);
+        accm = _mm_fmadd_ss(d0, _mm_load_ss(xs + i), accm);
+        accm = _mm_fmadd_ss(d1, _mm_load_ss(xs + i + 1), accm);
+    }
+    if (i < nb) {
+        __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(b[0] | b[1] << 8));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), q4_block_dot(b + 2, x), acc0);
+        accm = _mm_fmadd_ss(d, _mm_load_ss(xs + i), accm);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) - 8 * _mm_cvtss_f32(accm);
+}
+
+/* Q8_0 row: blocks of f16 d, i8 qs[32]. */
+static float rowdot_q8_0(const uint8_t *b, const float *x, int64_t nb)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2, b += 68, x += 64) {
+        __m256 d0 = _mm256_set1_ps(f16_scalar(b)), d1 = _mm256_set1_ps(f16_scalar(b + 34));
+        acc0 = _mm256_fmadd_ps(d0, q8_block_dot(b + 2, x), acc0);
+        acc1 = _mm256_fmadd_ps(d1, q8_block_dot(b + 36, x + 32), acc1);
+    }
+    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b)), q8_block_dot(b + 2, x), acc0);
+    return hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+static float rowdot_f16(const uint8_t *b, const float *x, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+#define F16_AT(k) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * (k))))
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(F16_AT(i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(F16_AT(i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(F16_AT(i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(F16_AT(i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(F16_AT(i), _mm256_loadu_ps(x + i), a0);
+#undef F16_AT
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += f16_scalar(b + 2 * i) * x[i];
+    return s;
+}
+
+static float rowdot_bf16(const uint8_t *b, const float *x, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+#define BF16_AT(k) _mm256_castsi256_ps(_mm256_slli_epi32( \
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 * (k)))), 16))
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(BF16_AT(i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(BF16_AT(i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(BF16_AT(i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(BF16_AT(i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(BF16_AT(i), _mm256_loadu_ps(x + i), a0);
+#undef BF16_AT
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        s += f * x[i];
+    }
+    return s;
+}
+
+static float rowdot_f32(const float *w, const float *x, int64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) s += w[i] * x[i];
+    return s;
+}
+
+/* The prefill micro-kernel: y[t * ldy + r] = w[r] . x[t] for r < nr (<= 4; w[nr..3] are
+ * repeats) and t < T (a constant after inlining, so the 4 x T sums stay in registers). */
+static inline __attribute__((always_inline)) void
+tile_4xT(float *y, size_t ldy, const float *const w[4], const float *x, size_t ldx, int64_t cols,
+         int nr, const int T)
+{
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        __m256 xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) {
+            xv[t] = _mm256_loadu_ps(x + t * ldx + k);
+            /* keep x and w in registers: otherwise gcc folds a load into every FMA (15 or 16
+             * loads per 12 FMAs instead of 7) */
+            __asm__("" : "+x"(xv[t]));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m256 wv = _mm256_loadu_ps(w[r] + k);
+            __asm__("" : "+x"(wv));
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++) {
+        float out[4];
+        _mm_storeu_ps(out, hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+        for (int64_t j = k; j < cols; j++)
+            for (int r = 0; r < 4; r++) out[r] += w[r][j] * x[t * ldx + j];
+        if (nr == 4)
+            memcpy(y + t * ldy, out, sizeof out);
+        else
+            for (int r = 0; r < nr; r++) y[t * ldy + r] = out[r];
+    }
+}
+
+/* Rows [r0, r1) of y = x W^T for n > 1 tokens; buf holds 4 dequantised rows of ld floats. */
+static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, int64_t r0,
+                              int64_t r1, float *buf, int64_t ld)
+{
+    const int64_t cols = w->cols, rows = w->rows;
+    const size_t ldx = (size_t)cols;
+    /* tokens per tile: x rows within MM_TILE_BYTES, tiles of equal size, a multiple of 3 */
+    int tile_max = (int)(MM_TILE_BYTES / (4 * cols));
+    if (tile_max < 3) tile_max = 3;
+    const int n_tiles = (n + tile_max - 1) / tile_max;
+    int tile = (n + n_tiles - 1) / n_tiles;
+    tile = (tile + 2) / 3 * 3;
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const int t1 = t0 + tile < n ? t0 + tile : n;
+        for (int64_t r = r0; r < r1; r += MM_ROWS) {
+            const int nr = r1 - r < MM_ROWS ? (int)(r1 - r) : MM_ROWS;
+            const float *wr[4];
+            for (int i = 0; i < 4; i++) {
+                const int64_t ri = r + (i < nr ? i : nr - 1);
+                if (w->type == GGUF_TYPE_F32) {
+                    wr[i] = (const float *)w->data + (size_t)ri * cols;
+                } else {
+                    wr[i] = buf + i * ld;
+                    if (i < nr) weight_row(w, ri, buf + i * ld);
+                }
+            }
+            int t = t0;
+            for (; t + 3 <= t1; t += 3)
+                tile_4xT(y + (size_t)t * rows + r, rows, wr, x + t * ldx, ldx, cols, nr, 3);
+            if (t1 - t == 2)
+                tile_4xT(y + (size_t)t * rows + r, rows, wr, x + t * ldx, ldx, cols, nr, 2);
+            else if (t1 - t == 1)
+                tile_4xT(y + (size_t)t * rows + r, rows, wr, x + t * ldx, ldx, cols, nr, 1);
+        }
+    }
+}
+
+/* Rows [r0, r1) of y = W x for one token. xs: block sums of x (for Q4_0/Q4_1). */
+static void matvec_rows(float *y, const weight *w, const float *x, const float *xs, int64_t r0,
+                        int64_t r1)
+{
+    const int64_t cols = w->cols, nb = cols / 32;
+    const size_t rb = gguf_row_bytes(w->type, cols);
+    const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r0;
+    switch (w->type) {
+    case GGUF_TYPE_Q4_1: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_q4_1(b, x, xs, nb); return;
+    case GGUF_TYPE_Q4_0: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_q4_0(b, x, xs, nb); return;
+    case GGUF_TYPE_Q8_0: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_q8_0(b, x, nb); return;
+    case GGUF_TYPE_F16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_f16(b, x, cols); return;
+    case GGUF_TYPE_BF16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_bf16(b, x, cols); return;
+    case GGUF_TYPE_F32: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_f32((const float *)b, x, cols); return;
+    default: {
+        float row[cols];
+        for (int64_t r = r0; r < r1; r++) {
+            weight_row(w, r, row);
+            y[r] = ops_dot(row, x, (int)cols);
+        }
+    }
+    }
+}
+#endif /* OPS_AVX2 */
+
+/* The plain twin (and the path without AVX2): one row dequantised at a time, dotted with every
+ * token. */
+static void matmul_rows_plain(float *y, const weight *w, const float *x, int n, int64_t r0, int64_t r1,
+                              float (*dot)(const float *, const float *, int),
+                              void (*row_fn)(const weight *, int64_t, float *))
 {
     const int64_t cols = w->cols;
     float buf[cols];
@@ -162,25 +470,209 @@ static void matmul_rows(float *y, const weight *w, const float *x, int n, int64_
             row_fn(w, r, buf);
             row = buf;
         }
-        for (int i = 0; i < n; i++) y[(size_t)i * w->rows + r] = dot(row, x + (size_t)i * cols, cols);
+        for (int i = 0; i < n; i++) y[(size_t)i * w->rows + r] = dot(row, x + (size_t)i * cols, (int)cols);
+    }
+}
+
+/* Rows [r0, r1) of one product, on the calling thread. */
+static void matmul_part(float *y, const weight *w, const float *x, int n, int64_t r0, int64_t r1,
+                        float *buf, int64_t ld, const float *xs)
+{
+#ifdef OPS_AVX2
+    if (n == 1)
+        matvec_rows(y, w, x, xs, r0, r1);
+    else
+        matmul_batch_rows(y, w, x, n, r0, r1, buf, ld);
+#else
+    matmul_rows_plain(y, w, x, n, r0, r1, ops_dot, weight_row);
+#endif
+}
+
+/* Cost of one row, for balancing threads: bytes streamed in decode, multiply-adds in prefill. */
+static double row_cost(const weight *w, int n)
+{
+    return n == 1 ? (double)gguf_row_bytes(w->type, w->cols) : (double)w->cols;
+}
+
+/* Boundary k of nt over the rows of ws[0..count) taken end to end, placed so that every thread
+ * gets the same cost: (weight index, row), the row a multiple of MM_ROWS or the weight's end.
+ * Neighbouring threads compute the same boundary, so the parts tile the rows exactly. */
+static void split_at(const weight *const *ws, int count, int n, int k, int nt, int *wi, int64_t *row)
+{
+    if (k >= nt) {
+        *wi = count - 1;
+        *row = ws[count - 1]->rows;
+        return;
+    }
+    double total = 0;
+    for (int i = 0; i < count; i++) total += row_cost(ws[i], n) * (double)ws[i]->rows;
+    double target = total * k / nt;
+    for (int i = 0; i < count; i++) {
+        const double c = row_cost(ws[i], n), all = c * (double)ws[i]->rows;
+        if (target < all || i == count - 1) {
+            int64_t r = (int64_t)(target / c / MM_ROWS + 0.5) * MM_ROWS;
+            *wi = i;
+            *row = r < ws[i]->rows ? r : ws[i]->rows;
+            return;
+        }
+        target -= all;
+    }
+}
+
+void ops_matmul_multi(float *const *y, const weight *const *w, int count, const float *x, int n)
+{
+    if (count < 1) return;
+    const int64_t cols = w[0]->cols;
+    double work = 0;
+    for (int i = 0; i < count; i++) work += (double)w[i]->rows * (double)cols * n;
+#ifdef OPS_MM_DYNAMIC
+    int first[count + 1], next = 0;
+    int64_t crows[count];
+    first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        const double target = n == 1 ? 8192 : 262144;
+        int64_t r = (int64_t)(target / (n == 1 ? row_cost(w[i], 1) : (double)cols * n)) / MM_ROWS * MM_ROWS;
+        crows[i] = r < MM_ROWS ? MM_ROWS : r;
+        first[i + 1] = first[i] + (int)((w[i]->rows + crows[i] - 1) / crows[i]);
+    }
+    const int n_chunks = first[count];
+#endif
+#pragma omp parallel if (work > MM_PARALLEL_MIN)
+    {
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t ld = (cols + 7) & ~(int64_t)7;
+        /* the dequantised rows (prefill) and the block sums of x (decode) of this thread */
+        float scratch[(n > 1 ? MM_ROWS * ld : 0) + cols / 32 + 8];
+        float *buf = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
+        const float *xs = NULL;
+#ifdef OPS_AVX2
+        if (n == 1 && cols % 32 == 0) {
+            block_sums(buf, x, cols / 32);
+            xs = buf;
+        }
+#endif
+#ifdef OPS_MM_DYNAMIC
+        (void)tid; (void)nt;
+        for (;;) {
+            int c = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+            if (c >= n_chunks) break;
+            int i = 0;
+            while (c >= first[i + 1]) i++;
+            const int64_t r0 = (int64_t)(c - first[i]) * crows[i];
+            const int64_t r1 = r0 + crows[i] < w[i]->rows ? r0 + crows[i] : w[i]->rows;
+            matmul_part(y[i], w[i], x, n, r0, r1, buf, ld, xs);
+        }
+#else
+        int wa, wb;
+        int64_t ra, rb;
+        split_at(w, count, n, tid, nt, &wa, &ra);
+        split_at(w, count, n, tid + 1, nt, &wb, &rb);
+        for (int i = wa; i <= wb; i++) {
+            const int64_t r0 = i == wa ? ra : 0, r1 = i == wb ? rb : w[i]->rows;
+            if (r0 < r1) matmul_part(y[i], w[i], x, n, r0, r1, buf, ld, xs);
+        }
+#endif
     }
 }
 
 void ops_matmul(float *y, const weight *w, const float *x, int n)
 {
-    const int64_t rows = w->rows, chunk = 16;
-    const int64_t n_chunks = (rows + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (rows * w->cols * (int64_t)n > 32768)
-    for (int64_t c = 0; c < n_chunks; c++) {
-        int64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        matmul_rows(y, w, x, n, r0, r1, ops_dot, weight_row);
-    }
+    ops_matmul_multi(&y, &w, 1, x, n);
 }
 
 void ops_matmul_ref(float *y, const weight *w, const float *x, int n)
 {
-    matmul_rows(y, w, x, n, 0, w->rows, ops_dot_ref, weight_row_ref);
+    matmul_rows_plain(y, w, x, n, 0, w->rows, ops_dot_ref, weight_row_ref);
 }
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+void ops_attn_scores_ref(float *s, const float *q, const float *K, int t, int d, float scale)
+{
+    for (int i = 0; i < t; i++) s[i] = scale * ops_dot_ref(q, K + (size_t)i * d, d);
+}
+
+#ifdef OPS_AVX2
+/* Eight keys at a time: eight running sums, one transpose-reduce. d a multiple of 8; a constant
+ * 64 after inlining keeps q in registers. */
+static inline __attribute__((always_inline)) int
+scores_8keys(float *s, const float *q, const float *K, int t, const int d, float scale)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 8 <= t; i += 8) {
+        const float *k = K + (size_t)i * d;
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int c = 0; c < d; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * d + c), a[j]);
+        }
+        _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
+    }
+    return i;
+}
+#endif
+
+void ops_attn_scores(float *s, const float *q, const float *K, int t, int d, float scale)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    if (d == 64) i = scores_8keys(s, q, K, t, 64, scale);
+    else if (d % 8 == 0) i = scores_8keys(s, q, K, t, d, scale);
+#endif
+    for (; i < t; i++) s[i] = scale * ops_dot(q, K + (size_t)i * d, d);
+}
+
+void ops_attn_accum_ref(float *out, const float *p, const float *V, int t, int d)
+{
+    memset(out, 0, sizeof(float) * d);
+    for (int i = 0; i < t; i++) ops_axpy_ref(out, p[i], V + (size_t)i * d, d);
+}
+
+void ops_attn_accum(float *out, const float *p, const float *V, int t, int d)
+{
+#ifdef OPS_AVX2
+    int c = 0;
+    /* 64 columns at a time: eight accumulators live across all t rows */
+    for (; c + 64 <= d; c += 64) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        const float *v = V + c;
+        for (int i = 0; i < t; i++, v += d) {
+            const __m256 pi = _mm256_broadcast_ss(p + i);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v + 8 * j), a[j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + c + 8 * j, a[j]);
+    }
+    for (; c + 8 <= d; c += 8) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        const float *v = V + c;
+        int i = 0;
+        for (; i + 2 <= t; i += 2, v += 2 * (size_t)d) {
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i + 1), _mm256_loadu_ps(v + d), a1);
+        }
+        if (i < t) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(v), a0);
+        _mm256_storeu_ps(out + c, _mm256_add_ps(a0, a1));
+    }
+    for (; c < d; c++) {
+        float s = 0;
+        for (int i = 0; i < t; i++) s += p[i] * V[(size_t)i * d + c];
+        out[c] = s;
+    }
+#else
+    ops_attn_accum_ref(out, p, V, t, d);
+#endif
+}
+
+/* ---- element-wise ---------------------------------------------------------------------------- */
 
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps)
 {
@@ -190,7 +682,45 @@ void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float ep
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * gamma[i];
 }
 
-void ops_softmax(float *x, int n)
+#ifdef OPS_AVX2
+/* exp(x) for eight floats, within 2e-7 relative of expf (tests/test_ops.c measures it): x = n ln2
+ * + r with |r| <= ln2/2, exp(r) by Cephes' degree-7 expf polynomial, 2^n put into the exponent.
+ * Inputs above 88.376 give exp(88.376) (about 2.4e38, not inf); below -87.336 (results under
+ * FLT_MIN) give 0; NaN is not propagated. */
+static inline __m256 exp256(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+    const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+void ops_exp(float *y, const float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp256(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+#else
+void ops_exp(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+#endif
+
+void ops_softmax_ref(float *x, int n)
 {
     float max = x[0];
     for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
@@ -200,7 +730,51 @@ void ops_softmax(float *x, int n)
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void ops_swiglu(float *a, const float *b, int n)
+void ops_softmax(float *x, int n)
+{
+#ifdef OPS_AVX2
+    int i = 0;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float max = _mm_cvtss_f32(m4);
+    for (; i < n; i++) if (x[i] > max) max = x[i];
+    const __m256 vm = _mm256_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum256(vsum);
+    for (; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(inv, _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) x[i] *= 1.0f / sum;
+#else
+    ops_softmax_ref(x, n);
+#endif
+}
+
+void ops_swiglu_ref(float *a, const float *b, int n)
 {
     for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+void ops_swiglu(float *a, const float *b, int n)
+{
+#ifdef OPS_AVX2
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(a + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
+    }
+    for (; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+#else
+    ops_swiglu_ref(a, b, n);
+#endif
 }

@@ -3,11 +3,17 @@
  *   weight w = { GGUF_TYPE_Q4_1, rows, cols, data };     // a view into a mapped file
  *   ops_matmul(y, &w, x, n);        // y[n][rows] = x[n][cols] . W^T, threads over rows
  *   ops_rmsnorm(out, x, gamma, n, eps);
+ *   ops_attn_scores(s, q, K, t, d, 1 / sqrtf(d));   // s[i] = q . K[i] / sqrt(d)
+ *   ops_softmax(s, t);
+ *   ops_attn_accum(out, s, V, t, d);                 // out = sum_i s[i] V[i]
  *
  * Weights keep the type they have on disk (enum gguf_type: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
  * Q4_K, Q6_K) and are dequantised a block at a time inside the kernels: no f32 copy of the model.
  * Fast paths (AVX2/FMA/F16C) are chosen at compile time; the *_ref twins are what tests compare
- * them against.
+ * them against (tests/test_ops.c states each tolerance). tests/tools/bench_ops.c times them.
+ *
+ * Threads: ops_matmul and ops_matmul_multi open one OpenMP parallel region per call (static,
+ * balanced row split, no barrier inside); everything else runs on the calling thread.
  */
 #ifndef FASA_OPS_H
 #define FASA_OPS_H
@@ -26,9 +32,15 @@ size_t weight_bytes(const weight *w);
 void weight_row(const weight *w, int64_t r, float *out);
 void weight_row_ref(const weight *w, int64_t r, float *out);   /* formats/gguf's scalar dequant */
 
-/* y[i*rows + r] = dot(row r of W, x[i*cols ..]) for i < n. OpenMP over rows. */
+/* y[i*rows + r] = dot(row r of W, x[i*cols ..]) for i < n. OpenMP over rows. n == 1 (decode)
+ * streams each row once with dequantisation fused into the dot product; n > 1 (prefill) runs a
+ * register-blocked 4-row x 3-token kernel on dequantised rows. */
 void ops_matmul(float *y, const weight *w, const float *x, int n);
 void ops_matmul_ref(float *y, const weight *w, const float *x, int n);
+/* ops_matmul(y[i], w[i], x, n) for i < count in one parallel region (one fork and one join
+ * instead of count): e.g. q, k, v or gate, up, which read the same x. All w[i] have the same
+ * cols; the rows of all of them are split evenly over the threads. */
+void ops_matmul_multi(float *const *y, const weight *const *w, int count, const float *x, int n);
 
 float ops_dot(const float *a, const float *b, int n);
 float ops_dot_ref(const float *a, const float *b, int n);
@@ -36,10 +48,25 @@ float ops_dot_ref(const float *a, const float *b, int n);
 void ops_axpy(float *y, float a, const float *x, int n);
 void ops_axpy_ref(float *y, float a, const float *x, int n);
 
+/* Attention of one query over t cached positions, head dim d (any; fast when a multiple of 8,
+ * fastest at 64). K and V are row-major (t, d).
+ * s[i] = scale * dot(q, K[i]) for i < t */
+void ops_attn_scores(float *s, const float *q, const float *K, int t, int d, float scale);
+void ops_attn_scores_ref(float *s, const float *q, const float *K, int t, int d, float scale);
+/* out[d] = sum_i p[i] * V[i] (overwrites out) */
+void ops_attn_accum(float *out, const float *p, const float *V, int t, int d);
+void ops_attn_accum_ref(float *out, const float *p, const float *V, int t, int d);
+
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps);
-/* In place softmax over n values; returns nothing, writes exp(x - max) / sum. */
+/* In place softmax over n values; returns nothing, writes exp(x - max) / sum. The fast one uses
+ * a vectorised exp within 2e-7 relative of expf (values more than 87.3 below the max become 0). */
 void ops_softmax(float *x, int n);
-/* a[i] = silu(a[i]) * b[i] */
+void ops_softmax_ref(float *x, int n);
+/* a[i] = silu(a[i]) * b[i] (the same vectorised exp) */
 void ops_swiglu(float *a, const float *b, int n);
+void ops_swiglu_ref(float *a, const float *b, int n);
+/* y[i] = exp(x[i]), the vectorised exp: within 2e-7 relative of expf for x in [-87.3, 88.3];
+ * 0 below, exp(88.3) above. y may be x. */
+void ops_exp(float *y, const float *x, int n);
 
 #endif

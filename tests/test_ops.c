@@ -1,6 +1,8 @@
 /* Every fast kernel against its scalar twin, and the sampler. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +67,228 @@ Test(ops, matmul_q4_0) { check_matmul(GGUF_TYPE_Q4_0); }
 Test(ops, matmul_q4_1) { check_matmul(GGUF_TYPE_Q4_1); }
 Test(ops, matmul_q4_k) { check_matmul(GGUF_TYPE_Q4_K); }
 Test(ops, matmul_q6_k) { check_matmul(GGUF_TYPE_Q6_K); }
+
+/* Quantised copy of random weights of the given shape (freed by the caller). */
+static uint8_t *random_weight(weight *wt, uint32_t type, int rows, int cols, uint64_t seed)
+{
+    uint64_t r = seed;
+    float *w = malloc(sizeof(float) * rows * cols);
+    for (int i = 0; i < rows * cols; i++) w[i] = frand(&r);
+    size_t rb = gguf_row_bytes(type, cols);
+    uint8_t *q = malloc(rb * rows);
+    for (int i = 0; i < rows; i++) gguf_quantize(type, w + (size_t)i * cols, q + i * rb, cols);
+    free(w);
+    *wt = (weight){ type, rows, cols, q };
+    return q;
+}
+
+/* Tolerance of the fast matmul against ops_matmul_ref: 1e-5 of sum_k |w_k x_k| (the size of the
+ * rounding errors of any summation order), plus 1e-6 of |m| sum |x| for the Q4 offsets, which the
+ * fused decode kernel applies through block sums of x. */
+static void expect_matmul_close(const weight *wt, const float *x, int n, const float *y, const float *yr,
+                                const char *what)
+{
+    const int64_t rows = wt->rows, cols = wt->cols;
+    float *row = malloc(sizeof(float) * cols);
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        weight_row_ref(wt, r, row);
+        for (int i = 0; i < n; i++) {
+            double scale = 0, xs = 0;
+            for (int64_t k = 0; k < cols; k++) {
+                scale += fabs((double)row[k] * x[(size_t)i * cols + k]);
+                xs += fabs(x[(size_t)i * cols + k]);
+            }
+            double tol = 1e-5 * scale + 1e-6 * xs + 1e-30;
+            double got = y[(size_t)i * rows + r], want = yr[(size_t)i * rows + r];
+            if (fabs(got - want) > tol && bad++ < 5)
+                cr_expect(0, "%s %s %lldx%lld n=%d: y[%d][%lld] = %.9g, ref %.9g (tol %.3g)", what,
+                          gguf_type_name(wt->type), (long long)rows, (long long)cols, n, i, (long long)r,
+                          got, want, tol);
+        }
+    }
+    cr_expect_eq(bad, 0, "%s: %d values out of tolerance", what, bad);
+    free(row);
+}
+
+/* The register-blocked prefill kernel (n > 1) and the fused decode kernel (n == 1) against the
+ * scalar twin, over shapes that exercise the 4-row and 3-token tails, the token tiles, columns
+ * that are not a multiple of 8 (F32/F16/BF16), and 1, 2 and 3 threads. */
+static void check_matmul_shapes(uint32_t type)
+{
+    const int block = (int)gguf_type_block(type);
+    const int cols_list[] = { 32, 64, 576, 1536, 45, 8 };
+    const int rows_list[] = { 1, 3, 4, 37, 130 };
+    const int n_list[] = { 1, 2, 3, 4, 5, 7, 64 };
+    const int saved = omp_get_max_threads();
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
+        const int cols = cols_list[ci] < block ? block : cols_list[ci];
+        if (cols % block) continue;
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++) {
+            const int rows = rows_list[ri];
+            weight wt;
+            uint8_t *q = random_weight(&wt, type, rows, cols, 1000 * ci + ri + type);
+            for (size_t ni = 0; ni < sizeof n_list / sizeof *n_list; ni++) {
+                const int n = n_list[ni];
+                if (cols >= 1536 && n > 7 && rows > 37) continue;   /* keep the suite quick */
+                uint64_t r = 77 + n;
+                float *x = malloc(sizeof(float) * n * cols);
+                float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
+                for (int i = 0; i < n * cols; i++) x[i] = frand(&r);
+                ops_matmul_ref(yr, &wt, x, n);
+                for (int threads = 1; threads <= 3; threads++) {
+                    omp_set_num_threads(threads);
+                    for (int i = 0; i < n * rows; i++) y[i] = NAN;
+                    ops_matmul(y, &wt, x, n);
+                    char what[32];
+                    snprintf(what, sizeof what, "%d threads", threads);
+                    expect_matmul_close(&wt, x, n, y, yr, what);
+                }
+                free(x); free(y); free(yr);
+            }
+            free(q);
+        }
+    }
+    omp_set_num_threads(saved);
+}
+
+Test(ops, matmul_shapes_f32) { check_matmul_shapes(GGUF_TYPE_F32); }
+Test(ops, matmul_shapes_f16) { check_matmul_shapes(GGUF_TYPE_F16); }
+Test(ops, matmul_shapes_bf16) { check_matmul_shapes(GGUF_TYPE_BF16); }
+Test(ops, matmul_shapes_q8_0) { check_matmul_shapes(GGUF_TYPE_Q8_0); }
+Test(ops, matmul_shapes_q4_0) { check_matmul_shapes(GGUF_TYPE_Q4_0); }
+Test(ops, matmul_shapes_q4_1) { check_matmul_shapes(GGUF_TYPE_Q4_1); }
+Test(ops, matmul_shapes_q4_k) { check_matmul_shapes(GGUF_TYPE_Q4_K); }
+Test(ops, matmul_shapes_q6_k) { check_matmul_shapes(GGUF_TYPE_Q6_K); }
+
+/* Several products in one region give what separate calls give, for every split of the rows. */
+Test(ops, matmul_multi)
+{
+    const int cols = 576, rows[3] = { 576, 192, 37 };
+    const uint32_t types[3] = { GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0, GGUF_TYPE_F16 };
+    weight wt[3];
+    uint8_t *q[3];
+    for (int i = 0; i < 3; i++) q[i] = random_weight(&wt[i], types[i], rows[i], cols, 500 + i);
+    const int saved = omp_get_max_threads();
+    for (int n = 1; n <= 5; n += 4) {
+        uint64_t r = 9;
+        float *x = malloc(sizeof(float) * n * cols), *y[3], *yr[3];
+        for (int i = 0; i < n * cols; i++) x[i] = frand(&r);
+        for (int i = 0; i < 3; i++) {
+            y[i] = malloc(sizeof(float) * n * rows[i]);
+            yr[i] = malloc(sizeof(float) * n * rows[i]);
+            ops_matmul_ref(yr[i], &wt[i], x, n);
+        }
+        const weight *ws[3] = { &wt[0], &wt[1], &wt[2] };
+        for (int threads = 1; threads <= 4; threads++) {
+            omp_set_num_threads(threads);
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < n * rows[i]; j++) y[i][j] = NAN;
+            ops_matmul_multi(y, ws, 3, x, n);
+            for (int i = 0; i < 3; i++) expect_matmul_close(&wt[i], x, n, y[i], yr[i], "multi");
+        }
+        for (int i = 0; i < 3; i++) { free(y[i]); free(yr[i]); }
+        free(x);
+    }
+    omp_set_num_threads(saved);
+    for (int i = 0; i < 3; i++) free(q[i]);
+}
+
+/* Attention scores and accumulation against their twins: 1e-6 of sum |q_j k_j| (resp.
+ * sum |p_i v_i|), for head dims that are and are not multiples of 8 and key counts around 8. */
+Test(ops, attn_scores_accum)
+{
+    const int d_list[] = { 8, 16, 64, 72, 128, 5, 13 };
+    const int t_list[] = { 0, 1, 7, 8, 9, 17, 100, 1000 };
+    for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++) {
+        const int d = d_list[di];
+        for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
+            const int t = t_list[ti];
+            uint64_t r = 31 * d + t;
+            float *K = malloc(sizeof(float) * (t * d + 1)), *V = malloc(sizeof(float) * (t * d + 1));
+            float *s = malloc(sizeof(float) * (t + 1)), *sr = malloc(sizeof(float) * (t + 1));
+            float q[128], out[128], outr[128];
+            for (int i = 0; i < t * d; i++) K[i] = frand(&r) * 3, V[i] = frand(&r);
+            for (int i = 0; i < d; i++) q[i] = frand(&r) * 2;
+            const float scale = 1 / sqrtf((float)d);
+            ops_attn_scores(s, q, K, t, d, scale);
+            ops_attn_scores_ref(sr, q, K, t, d, scale);
+            for (int i = 0; i < t; i++) {
+                double mag = 0;
+                for (int j = 0; j < d; j++) mag += fabs(q[j] * K[(size_t)i * d + j]);
+                cr_expect(fabs(s[i] - sr[i]) <= 1e-6 * scale * mag + 1e-30, "scores d=%d t=%d [%d]: %.9g vs %.9g",
+                          d, t, i, s[i], sr[i]);
+            }
+            for (int i = 0; i < t; i++) s[i] = fabsf(frand(&r));   /* weights in [0, 1] */
+            for (int j = 0; j < d; j++) out[j] = NAN;
+            ops_attn_accum(out, s, V, t, d);
+            ops_attn_accum_ref(outr, s, V, t, d);
+            for (int j = 0; j < d; j++) {
+                double mag = 0;
+                for (int i = 0; i < t; i++) mag += fabs(s[i] * V[(size_t)i * d + j]);
+                cr_expect(fabs(out[j] - outr[j]) <= 1e-6 * mag + 1e-30, "accum d=%d t=%d [%d]: %.9g vs %.9g",
+                          d, t, j, out[j], outr[j]);
+            }
+            free(K); free(V); free(s); free(sr);
+        }
+    }
+}
+
+/* The vectorised exp: within 2e-7 relative of expf on [-87.3, 88.3] (measured max about 1.2e-7),
+ * 0 below -87.4, finite above. */
+Test(ops, exp_matches_expf)
+{
+    enum { N = 200001 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = -87.3f + (88.3f + 87.3f) * i / (N - 1);
+    ops_exp(y, x, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double ref = exp((double)x[i]), rel = fabs(y[i] - ref) / ref;
+        if (rel > worst) worst = rel;
+    }
+    cr_expect_lt(worst, 2e-7, "max relative error of ops_exp %g", worst);
+    float lo[8] = { -87.4f, -90, -100, -1000, -INFINITY, -88, -87.5f, -1e30f };
+    float hi[8] = { 88.4f, 89, 100, 1000, 1e30f, 88.5f, 95, 200 };
+    ops_exp(lo, lo, 8);
+    ops_exp(hi, hi, 8);
+    for (int i = 0; i < 8; i++) {
+        cr_expect_eq(lo[i], 0.0f, "exp of a very negative value: %g", lo[i]);
+        cr_expect(isfinite(hi[i]) && hi[i] > 1e38f, "exp of a large value: %g", hi[i]);
+    }
+    free(x); free(y);
+}
+
+/* softmax and swiglu against their twins: 1e-6 relative, plus 1e-35 absolute where one of them
+ * underflows (softmax: the fast exp flushes results below FLT_MIN to 0; swiglu of a < -88: expf
+ * overflows to inf in the twin, giving 0, and the fast one gives a / 2.4e38). */
+Test(ops, softmax_swiglu_match_scalar)
+{
+    uint64_t r = 5;
+    for (int n = 1; n < 300; n += 13) {
+        for (int spread = 1; spread <= 100; spread *= 10) {
+            float a[300], ar[300], b[300];
+            for (int i = 0; i < n; i++) a[i] = ar[i] = frand(&r) * spread, b[i] = frand(&r);
+            ops_softmax(a, n);
+            ops_softmax_ref(ar, n);
+            for (int i = 0; i < n; i++)
+                cr_expect(fabsf(a[i] - ar[i]) <= 1e-6f * ar[i] + 1e-37f, "softmax n=%d spread=%d [%d]: %.9g vs %.9g",
+                          n, spread, i, a[i], ar[i]);
+            for (int i = 0; i < n; i++) a[i] = ar[i] = frand(&r) * spread;
+            ops_swiglu(a, b, n);
+            ops_swiglu_ref(ar, b, n);
+            for (int i = 0; i < n; i++)
+                cr_expect(fabsf(a[i] - ar[i]) <= 1e-6f * fabsf(ar[i]) + 1e-35f, "swiglu n=%d spread=%d [%d]: %.9g vs %.9g",
+                          n, spread, i, a[i], ar[i]);
+        }
+    }
+    /* a masked score (-inf) gets probability 0 */
+    float s[9] = { 1, 2, -INFINITY, 3, 0, 0, 0, 0, -INFINITY };
+    ops_softmax(s, 9);
+    cr_expect_eq(s[2], 0.0f);
+    cr_expect_eq(s[8], 0.0f);
+    cr_expect(fabsf(s[3] - s[1] * expf(1)) < 1e-6f);
+}
 
 Test(ops, rmsnorm_softmax_swiglu)
 {

@@ -1,0 +1,200 @@
+/* bench_ops - times lib/ops kernels on the real model's weight shapes. Not part of the suite.
+ *
+ *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Iformats \
+ *       tests/tools/bench_ops.c build/libfasa.a -lm -o bin/bench_ops
+ *   bin/bench_ops [MODEL.gguf] [-n BATCH] [-r REPEATS] [--copy]
+ *
+ * For each shape (576x576, 192x576, 1536x576, 576x1536 of every layer, and the 49152x576
+ * output/embedding matrix): decode (n = 1) time per matrix and GB/s of weights streamed, and
+ * prefill (n = BATCH, default 64) GFLOP/s, each beside the previous kernel ("old": one row
+ * dequantised to a buffer, then ops_dot per token, OpenMP over 16-row chunks) and a whole-model
+ * decode sweep (every matrix of every layer once, about 96 MB: the decode bandwidth). Medians of
+ * REPEATS runs; the machine may be shared, so look at the spread too. --copy reads the weights
+ * from anonymous memory instead of the file mapping (the copies are not freed).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf.h"
+#include "ops.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The kernel before this change, kept here as the baseline. */
+static void old_matmul(float *y, const weight *w, const float *x, int n)
+{
+    const int64_t rows = w->rows, chunk = 16, n_chunks = (rows + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (rows * w->cols * (int64_t)n > 32768)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        const int64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows, cols = w->cols;
+        float buf[cols];
+        for (int64_t r = r0; r < r1; r++) {
+            const float *row = buf;
+            if (w->type == GGUF_TYPE_F32) row = (const float *)w->data + (size_t)r * cols;
+            else weight_row(w, r, buf);
+            for (int i = 0; i < n; i++) y[(size_t)i * rows + r] = ops_dot(row, x + (size_t)i * cols, (int)cols);
+        }
+    }
+}
+
+typedef void (*matmul_fn)(float *, const weight *, const float *, int);
+
+/* Median seconds for one pass over ws[0..count) with batch n. */
+static double time_pass(matmul_fn fn, const weight *ws, int count, float *y, const float *x, int n, int reps)
+{
+    double t[reps];
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        for (int i = 0; i < count; i++) fn(y, &ws[i], x, n);
+        t[r] = now() - t0;
+    }
+    return median(t, reps);
+}
+
+static int copy_weights;
+
+static weight tensor_weight(const gguf_file *g, const char *name)
+{
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t) {
+        fprintf(stderr, "bench_ops: no tensor '%s'\n", name);
+        exit(1);
+    }
+    weight w = { t->type, t->ne[1], t->ne[0], t->data };
+    if (copy_weights) {   /* anonymous memory instead of the file mapping */
+        void *p = aligned_alloc(64, (weight_bytes(&w) + 63) / 64 * 64);
+        memcpy(p, w.data, weight_bytes(&w));
+        w.data = p;
+    }
+    return w;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    int batch = 64, reps = 15;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-n") && i + 1 < argc) batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--copy")) copy_weights = 1;
+        else path = argv[i];
+    }
+    char err[512];
+    gguf_file g;
+    if (gguf_open(&g, path, err) < 0) {
+        fprintf(stderr, "bench_ops: %s\n", err);
+        return 1;
+    }
+    uint32_t n_layer = 0;
+    gguf_get_u32(&g, "llama.block_count", &n_layer);
+    static const char *names[] = { "attn_q", "attn_k", "ffn_gate", "ffn_down", "attn_v", "attn_output", "ffn_up" };
+    const int n_shapes = 4;
+    weight *lw[7];
+    for (int s = 0; s < 7; s++) {
+        lw[s] = malloc(sizeof(weight) * n_layer);
+        for (uint32_t l = 0; l < n_layer; l++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%u.%s.weight", l, names[s]);
+            lw[s][l] = tensor_weight(&g, name);
+        }
+    }
+    weight out = tensor_weight(&g, gguf_find_tensor(&g, "output.weight") ? "output.weight" : "token_embd.weight");
+
+    const size_t xmax = (size_t)batch * 1536, ymax = (size_t)batch * 49152;
+    float *x = malloc(xmax * sizeof(float)), *y = malloc(ymax * sizeof(float));
+    for (size_t i = 0; i < xmax; i++) x[i] = sinf((float)i * 0.37f);
+    memset(y, 0, ymax * sizeof(float));
+    printf("bench_ops: %s, %d threads, prefill batch %d, median of %d\n", path, omp_get_max_threads(), batch, reps);
+    printf("%-22s %8s %8s %8s | %8s %8s %8s\n", "shape (type)", "old us", "new us", "GB/s", "old GF/s", "new GF/s", "speedup");
+
+    for (int s = 0; s <= n_shapes; s++) {
+        const weight *ws = s < n_shapes ? lw[s] : &out;
+        const int count = s < n_shapes ? (int)n_layer : 1;
+        const double bytes = (double)weight_bytes(&ws[0]) * count;
+        const double flops = 2.0 * ws[0].rows * ws[0].cols * count;
+        /* decode: each pass streams `count` matrices (all layers; L3-resident for the small ones) */
+        double d_old = time_pass(old_matmul, ws, count, y, x, 1, reps);
+        double d_new = time_pass(ops_matmul, ws, count, y, x, 1, reps);
+        int pre_reps = reps < 5 ? reps : 5;
+        int pre_count = count < 4 ? count : 4;
+        double p_old = time_pass(old_matmul, ws, pre_count, y, x, batch, pre_reps);
+        double p_new = time_pass(ops_matmul, ws, pre_count, y, x, batch, pre_reps);
+        char label[64];
+        snprintf(label, sizeof label, "%lldx%lld (%s)", (long long)ws[0].rows, (long long)ws[0].cols,
+                 gguf_type_name(ws[0].type));
+        const double pf = flops / count * pre_count * batch;
+        printf("%-22s %8.1f %8.1f %8.1f | %8.1f %8.1f %7.2fx\n", label, d_old / count * 1e6,
+               d_new / count * 1e6, bytes / d_new / 1e9, pf / p_old / 1e9, pf / p_new / 1e9, p_old / p_new);
+    }
+
+    /* whole-model decode sweep: every matrix once, in forward order */
+    weight *all = malloc(sizeof(weight) * (7 * n_layer + 1));
+    int na = 0;
+    static const int order[7] = { 0, 1, 4, 5, 2, 6, 3 };
+    for (uint32_t l = 0; l < n_layer; l++)
+        for (int s = 0; s < 7; s++) all[na++] = lw[order[s]][l];
+    all[na++] = out;
+    double total = 0;
+    for (int i = 0; i < na; i++) total += weight_bytes(&all[i]);
+    double sw_old = time_pass(old_matmul, all, na, y, x, 1, reps);
+    double sw_new = time_pass(ops_matmul, all, na, y, x, 1, reps);
+    printf("decode sweep, %d matrices, %.1f MB: old %.2f ms (%.1f GB/s), new %.2f ms (%.1f GB/s)\n", na,
+           total / 1e6, sw_old * 1e3, total / sw_old / 1e9, sw_new * 1e3, total / sw_new / 1e9);
+
+    /* attention of one query over t keys, d = 64: old (ops_dot / ops_axpy per key) vs new */
+    const int d = 64;
+    for (int t = 256; t <= 4096; t *= 4) {
+        float *K = malloc(sizeof(float) * t * d), *V = malloc(sizeof(float) * t * d), *s = malloc(sizeof(float) * t);
+        float q[64], o[64];
+        for (int i = 0; i < t * d; i++) K[i] = sinf(i * 0.013f), V[i] = cosf(i * 0.007f);
+        for (int i = 0; i < d; i++) q[i] = cosf(i * 0.1f);
+        const int inner = 20000000 / (t * d) + 1;
+        double to[reps], tn[reps];
+        for (int r = 0; r < reps; r++) {
+            double t0 = now();
+            for (int k = 0; k < inner; k++) {
+                for (int i = 0; i < t; i++) s[i] = ops_dot(q, K + (size_t)i * d, d) * 0.125f;
+                ops_softmax_ref(s, t);
+                memset(o, 0, sizeof o);
+                for (int i = 0; i < t; i++) ops_axpy(o, s[i], V + (size_t)i * d, d);
+            }
+            to[r] = (now() - t0) / inner;
+            t0 = now();
+            for (int k = 0; k < inner; k++) {
+                ops_attn_scores(s, q, K, t, d, 0.125f);
+                ops_softmax(s, t);
+                ops_attn_accum(o, s, V, t, d);
+            }
+            tn[r] = (now() - t0) / inner;
+        }
+        double mo = median(to, reps), mn = median(tn, reps);
+        printf("attention t=%-5d d=64, one thread: old %.1f us, new %.1f us (%.2fx; %.1f GB/s of K+V)\n", t,
+               mo * 1e6, mn * 1e6, mo / mn, 2.0 * t * d * 4 / mn / 1e9);
+        free(K); free(V); free(s);
+    }
+    free(all); free(x); free(y);
+    for (int s = 0; s < 7; s++) free(lw[s]);
+    gguf_close(&g);
+    return 0;
+}
