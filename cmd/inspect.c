@@ -233,9 +233,9 @@ static void print_summary(const profile *p, const char *path, const export_summa
            p->n_steps, (unsigned long long)p->sample_hash);
     for (int i = 0; i < p->n_k; i++) printf("%s%d", i ? "," : " ", p->ks[i]);
     printf("; ranked at K=%d, fcs %d\n", p->rank_k, p->fcs);
-    printf("shown         K=%d, F=%d; chunk 0 = highest frequency; \"c:n\" = chunk c is in n heads' top F\n\n",
-           s->k, s->fcs);
-    printf("      %-20s  %-20s  %-12s\n", "best-chunk CA", "mean CA", "top-F sets");
+    printf("shown         K=%d, F=%d; %s; \"c:n\" = chunk c is in n heads' top F\n\n", s->k, s->fcs,
+           export_chunk_note(p->chunks));
+    printf("      %-20s  %-20s  %s\n", "best-chunk CA", "mean CA", "top-F sets");
     printf("layer %6s %6s %6s  %6s %6s %6s  %5s %6s  most common top chunks\n", "min", "mean", "max", "top-F",
            "all", "ratio", "union", "shared");
     for (int l = 0; l < s->n_layer; l++) {
@@ -249,13 +249,14 @@ static void print_summary(const profile *p, const char *path, const export_summa
     print_votes(s->by_votes, s->votes, s->n_chunk, s->fcs);
 }
 
-static void print_compare(const export_compare *c, const char *a, const char *b)
+static void print_compare(const export_compare *c, const char *a, const char *b, int n_chunk)
 {
+    char lbl[32];
     printf("\ncompare       '%s' vs '%s'\n", a, b);
     printf("              mean over heads of |top-F(A) & top-F(B)| / F (as HF dims); kv = KV-head group rankings\n");
     printf("layer");
-    for (int i = 0; i < c->n_f; i++) printf("  %7s%-3d", "F=", c->f[i]);
-    for (int i = 0; i < c->n_f; i++) printf("  %7s%-3d", "kv F=", c->f[i]);
+    for (int i = 0; i < c->n_f; i++) snprintf(lbl, sizeof lbl, "F=%d", c->f[i]), printf("  %10s", lbl);
+    for (int i = 0; i < c->n_f; i++) snprintf(lbl, sizeof lbl, "kv F=%d", c->f[i]), printf("  %10s", lbl);
     putchar('\n');
     for (int l = 0; l < c->n_layer; l++) {
         printf("%5d", l);
@@ -266,6 +267,9 @@ static void print_compare(const export_compare *c, const char *a, const char *b)
     printf("%5s", "all");
     for (int i = 0; i < c->n_f; i++) printf("  %10.3f", c->overall[i]);
     for (int i = 0; i < c->n_f; i++) printf("  %10.3f", c->kv_overall[i]);
+    printf("\n%5s", "rand");   /* two random F-subsets of the chunks overlap by F/n_chunk on average */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < c->n_f; i++) printf("  %10.3f", (double)c->f[i] / n_chunk);
     putchar('\n');
 }
 
@@ -334,7 +338,7 @@ static int inspect_profile(const char *path, const profile_opts *o)
         free(text);
     } else {
         print_summary(&p, path, &s);
-        if (have_q) print_compare(&cmp, path, o->compare);
+        if (have_q) print_compare(&cmp, path, o->compare, p.n_chunk);
     }
     rc = fflush(stdout) == 0 ? 0 : die("cannot write to standard output");
     if (rc == 0 && export_ds && p.n_head != p.n_kv_head)   /* last, so it never precedes an error line */

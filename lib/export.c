@@ -84,6 +84,13 @@ void export_chunk_dims(enum chunk_def def, int d_head, int chunk, int dims[2])
     else dims[0] = 2 * chunk, dims[1] = 2 * chunk + 1;
 }
 
+const char *export_chunk_note(enum chunk_def def)
+{
+    /* adjacent chunk j = dims 2j, 2j+1, which are halves of RoPE planes 2j and 2j+1 (mod d/2) */
+    return def == CHUNKS_PLANE ? "chunk 0 = highest frequency"
+                               : "chunks j and j+d/4 hold halves of planes 2j, 2j+1 (plane 0 = highest frequency)";
+}
+
 /* Stable insertion sort by decreasing score: equal scores keep the lower id first. */
 static void rank_by(const double *score, int n, int16_t *out)
 {
@@ -305,7 +312,7 @@ int export_compare_profiles(const profile *a, const char *path_a, const profile 
         while (j > 0 && c->f[j - 1] > cand[i]) c->f[j] = c->f[j - 1], j--;
         c->f[j] = cand[i];
     }
-    c->n_layer = L;
+    c->n_layer = L, c->n_chunk = C;
     c->head = calloc((size_t)c->n_f * L, sizeof *c->head);
     c->kv = calloc((size_t)c->n_f * L, sizeof *c->kv);
     if (!c->head || !c->kv) {
@@ -339,6 +346,7 @@ cJSON *export_compare_json(const export_compare *c, const char *path_a, const ch
         cJSON_AddNumberToObject(e, "f", c->f[fi]);
         cJSON_AddItemToObject(e, "overlap", rounded(c->overall[fi]));
         cJSON_AddItemToObject(e, "kv_overlap", rounded(c->kv_overall[fi]));
+        cJSON_AddItemToObject(e, "chance", rounded((double)c->f[fi] / c->n_chunk));
         cJSON *h = cJSON_AddArrayToObject(e, "layers");
         cJSON *k = cJSON_AddArrayToObject(e, "kv_layers");
         for (int l = 0; l < c->n_layer; l++) {
@@ -406,7 +414,7 @@ int export_json_dims(const profile *p, int fcs, const char *path, char *err)
     cJSON_AddStringToObject(mo, "qk_hash", hex);
     cJSON_AddNumberToObject(o, "d_head", p->d_head);
     cJSON_AddStringToObject(o, "chunk_definition", p->chunks == CHUNKS_PLANE ? "plane" : "adjacent");
-    cJSON_AddStringToObject(o, "dims", "hugging face rotate_half layout, per head");
+    cJSON_AddStringToObject(o, "dims_layout", "huggingface-rotate-half");   /* dims of one head, 0..d_head-1 */
     cJSON_AddNumberToObject(o, "rank_k", p->rank_k);
     cJSON_AddNumberToObject(o, "fcs", fcs);
     cJSON *layers = cJSON_AddArrayToObject(o, "layers");

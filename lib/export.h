@@ -70,6 +70,8 @@ struct cJSON *export_summary_json(const profile *p, const char *path, const expo
 
 /* The head's chunks ranked by mean CA at ks[ki] (the stored ranking at rank_k). */
 void export_rank_at(const profile *p, int ki, int layer, int head, int16_t *out);
+/* One line on where the frequencies are under a chunk definition, for legends. */
+const char *export_chunk_note(enum chunk_def def);
 /* Hugging Face dims of chunk c of a d_head-dim head under a chunk definition. */
 void export_chunk_dims(enum chunk_def def, int d_head, int chunk, int dims[2]);
 
@@ -79,8 +81,8 @@ void export_chunk_dims(enum chunk_def def, int d_head, int chunk, int dims[2]);
  * are compared as Hugging Face dims (|dims ∩ dims| / 2F), which equals the chunk overlap when both
  * profiles use one chunk definition and stays meaningful when they do not. */
 typedef struct export_compare {
-    int n_layer, n_f;
-    int f[EXPORT_COMPARE_MAX_F];           /* n_chunk/8, n_chunk/4 and fcs, distinct, ascending */
+    int n_layer, n_chunk, n_f;
+    int f[EXPORT_COMPARE_MAX_F];           /* chance overlap of random sets: f / n_chunk */           /* n_chunk/8, n_chunk/4 and fcs, distinct, ascending */
     double *head;                          /* (n_f, n_layer) query heads (stored rankings) */
     double *kv;                            /* (n_f, n_layer) KV heads (group rankings) */
     double overall[EXPORT_COMPARE_MAX_F], kv_overall[EXPORT_COMPARE_MAX_F];
@@ -96,7 +98,7 @@ struct cJSON *export_compare_json(const export_compare *c, const char *path_a, c
 enum export_ds_type { EXPORT_DS_QK, EXPORT_DS_Q, EXPORT_DS_K };
 
 int export_sglang_ds(const profile *p, enum export_ds_type type, const char *path, char *err);
-/* {"format": "fasa-dims", "version": 1, "model": {...}, "d_head", "chunk_definition", "rank_k", "fcs",
+/* {"format": "fasa-dims", "version": 1, "model": {...}, "d_head", "chunk_definition", "dims_layout", "rank_k", "fcs",
  *  "layers": [{"layer", "heads": [{"head", "kv_head", "dominant_chunks", "dims_hf"}],
  *              "kv_heads": [{"kv_head", "dominant_chunks", "dims_hf"}]}]} */
 int export_json_dims(const profile *p, int fcs, const char *path, char *err);

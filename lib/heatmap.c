@@ -280,11 +280,12 @@ int heatmap_render(const profile *p, int ki, int mark_f, heatmap_image *img, cha
     if (p->n_chunk > 1024) return fasa_error(err, FASA_EARG, "heatmap: too many chunks (%d)", p->n_chunk);
     layout L;
     plan(p, &L);
-    char title[128], sub[256];
+    char title[128], sub[320];
     snprintf(title, sizeof title, "contextual agreement per head and frequency chunk, K=%d", p->ks[ki]);
-    int n = snprintf(sub, sizeof sub, "%s, %d layers, %d heads (%d KV), %d chunks (%s: dims %s); chunk 0 = highest frequency",
+    int n = snprintf(sub, sizeof sub, "%s, %d layers, %d heads (%d KV), %d chunks (%s: dims %s); %s",
                      p->arch, p->n_layer, p->n_head, p->n_kv_head, p->n_chunk,
-                     p->chunks == CHUNKS_PLANE ? "plane" : "adjacent", p->chunks == CHUNKS_PLANE ? "j, j+d/2" : "2j, 2j+1");
+                     p->chunks == CHUNKS_PLANE ? "plane" : "adjacent", p->chunks == CHUNKS_PLANE ? "j, j+d/2" : "2j, 2j+1",
+                     export_chunk_note(p->chunks));
     if (mark_f > 0 && n > 0 && (size_t)n < sizeof sub)
         snprintf(sub + n, sizeof sub - n, "; dots: each head's top %d", mark_f);
     img->w = 2 * MARGIN + L.cols * L.slot_w + L.bar_area - MARGIN;
@@ -296,6 +297,8 @@ int heatmap_render(const profile *p, int ki, int mark_f, heatmap_image *img, cha
     if (bar_h > 480) bar_h = 480;
     if (bar_h < 64) bar_h = 64;
     if (L.header + L.top + bar_h + MARGIN > img->h) img->h = L.header + L.top + bar_h + MARGIN + GLYPH_H * TS;
+    if ((double)img->w * img->h > 1e8)
+        return fasa_error(err, FASA_EARG, "heatmap: a %dx%d image is too large to draw", img->w, img->h);
     img->rgb = malloc((size_t)img->w * img->h * 3);
     if (!img->rgb) return fasa_error(err, FASA_ENOMEM, "heatmap: out of memory for a %dx%d image", img->w, img->h);
     memset(img->rgb, 255, (size_t)img->w * img->h * 3);

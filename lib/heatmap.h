@@ -5,10 +5,11 @@
  *   if (heatmap_write_png(&img, "ca.png", err) < 0) ...;
  *   heatmap_image_free(&img);
  *
- * One panel per layer, heads as rows and chunks as columns (chunk 0, the highest frequency, on the
- * left), tiled in a grid; one colour scale (viridis) from the smallest to the largest mean CA at
- * that K over the whole model, drawn as a bar with its min and max labelled. With mark_f > 0 each
- * head's top mark_f chunks get a small dot. Text uses a built-in 5x7 bitmap font (ASCII).
+ * One panel per layer, heads as rows (KV-head groups set apart) and chunks as columns (chunk 0 on
+ * the left: the highest frequency under "plane"), tiled in a grid; one colour scale (viridis) from
+ * the smallest to the largest mean CA at that K over the whole model, drawn as a bar with its min,
+ * middle and max labelled. With mark_f > 0 each head's top mark_f chunks get a small dot. Text uses
+ * a built-in 5x7 bitmap font (printable ASCII; anything else is drawn as a box).
  */
 #ifndef FASA_HEATMAP_H
 #define FASA_HEATMAP_H
