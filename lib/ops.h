@@ -56,6 +56,11 @@ void ops_attn_scores_ref(float *s, const float *q, const float *K, int t, int d,
 /* out[d] = sum_i p[i] * V[i] (overwrites out) */
 void ops_attn_accum(float *out, const float *p, const float *V, int t, int d);
 void ops_attn_accum_ref(float *out, const float *p, const float *V, int t, int d);
+/* The same over selected rows: s[j] = scale * dot(q, K[idx[j]]), out = sum_j p[j] V[idx[j]], j < n */
+void ops_attn_scores_idx(float *s, const float *q, const float *K, const int32_t *idx, int n, int d, float scale);
+void ops_attn_scores_idx_ref(float *s, const float *q, const float *K, const int32_t *idx, int n, int d, float scale);
+void ops_attn_accum_idx(float *out, const float *p, const float *V, const int32_t *idx, int n, int d);
+void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const int32_t *idx, int n, int d);
 
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps);
 /* In place softmax over n values; returns nothing, writes exp(x - max) / sum. The fast one uses

@@ -194,8 +194,9 @@ Test(ops, matmul_multi)
     for (int i = 0; i < 3; i++) free(q[i]);
 }
 
-/* Attention scores and accumulation against their twins: 1e-6 of sum |q_j k_j| (resp.
- * sum |p_i v_i|), for head dims that are and are not multiples of 8 and key counts around 8. */
+/* Attention scores and accumulation, contiguous and gathered, against their twins: 1e-6 of
+ * sum |q_j k_j| (resp. sum |p_i v_i|), for head dims that are and are not multiples of 8 and key
+ * counts around 8. */
 Test(ops, attn_scores_accum)
 {
     const int d_list[] = { 8, 16, 64, 72, 128, 5, 13 };
@@ -229,7 +230,29 @@ Test(ops, attn_scores_accum)
                 cr_expect(fabs(out[j] - outr[j]) <= 1e-6 * mag + 1e-30, "accum d=%d t=%d [%d]: %.9g vs %.9g",
                           d, t, j, out[j], outr[j]);
             }
-            free(K); free(V); free(s); free(sr);
+            /* gathered rows: a scrambled selection with repeats, n = t */
+            int32_t *idx = malloc(sizeof(int32_t) * (t + 1));
+            for (int j = 0; j < t; j++) idx[j] = (int32_t)((j * 7 + 3) % t);
+            for (int i = 0; i < t; i++) s[i] = NAN;
+            ops_attn_scores_idx(s, q, K, idx, t, d, scale);
+            ops_attn_scores_idx_ref(sr, q, K, idx, t, d, scale);
+            for (int j = 0; j < t; j++) {
+                double mag = 0;
+                for (int c = 0; c < d; c++) mag += fabs(q[c] * K[(size_t)idx[j] * d + c]);
+                cr_expect(fabs(s[j] - sr[j]) <= 1e-6 * scale * mag + 1e-30, "scores_idx d=%d n=%d [%d]: %.9g vs %.9g",
+                          d, t, j, s[j], sr[j]);
+                cr_expect(fabs(sr[j] - scale * ops_dot_ref(q, K + (size_t)idx[j] * d, d)) <= 1e-6 * scale * mag + 1e-30);
+            }
+            for (int i = 0; i < t; i++) s[i] = fabsf(frand(&r));
+            ops_attn_accum_idx(out, s, V, idx, t, d);
+            ops_attn_accum_idx_ref(outr, s, V, idx, t, d);
+            for (int c = 0; c < d; c++) {
+                double mag = 0;
+                for (int j = 0; j < t; j++) mag += fabs(s[j] * V[(size_t)idx[j] * d + c]);
+                cr_expect(fabs(out[c] - outr[c]) <= 1e-6 * mag + 1e-30, "accum_idx d=%d n=%d [%d]: %.9g vs %.9g",
+                          d, t, c, out[c], outr[c]);
+            }
+            free(idx); free(K); free(V); free(s); free(sr);
         }
     }
 }
