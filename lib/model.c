@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bundle.h"
 #include "gguf.h"
 #include "safetensors.h"
 
@@ -552,6 +553,16 @@ int model_open(model **out, const char *path, char *err)
     if (S_ISDIR(st.st_mode)) {
         m->source = MODEL_SOURCE_SAFETENSORS;
         rc = open_hf(m, path, err);
+    } else if (ends_with(path, ".fasa")) {
+        /* A bundle: extract, open as a directory; the mappings outlive the unlinked files. */
+        char dir[4096];
+        m->source = MODEL_SOURCE_SAFETENSORS;
+        if ((rc = bundle_extract_temp(path, dir, sizeof dir, err)) == 0) {
+            rc = open_hf(m, dir, err);
+            bundle_remove_dir(dir);
+            const char *base = strrchr(path, '/');
+            snprintf(m->name, sizeof m->name, "%.*s", (int)strlen(base ? base + 1 : path) - 5, base ? base + 1 : path);
+        }
     } else if (ends_with(path, ".safetensors")) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s", path);
