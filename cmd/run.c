@@ -193,7 +193,7 @@ int cmd_run(int argc, char **argv)
     profile prof = { 0 };
     policy pol = { 0 };
     int fasa = 0;
-    char defp[4096];
+    char defp[4096], mode_note[4600] = "full attention";
     if (!prof_path && (!mode || strcmp(mode, "full"))) {
         profile_default_path(model_path, defp, sizeof defp);
         if (access(defp, R_OK) == 0) prof_path = defp;
@@ -214,11 +214,11 @@ int cmd_run(int argc, char **argv)
         po.group = group;
         if (policy_init(&pol, m, &po, err) < 0) { die("%s", err); goto out; }
         fasa = 1;
-        fprintf(stderr, "fasa: fasa-c with profile '%s': budget %ld tokens, F = %d of %d chunks, %ld dense layer%s%s\n",
-                prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers, dense_layers == 1 ? "" : "s",
-                group ? ", per-KV-head selection" : "");
+        snprintf(mode_note, sizeof mode_note, "fasa-c (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s)",
+                 prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers, dense_layers == 1 ? "" : "s",
+                 group ? ", per-KV-head selection" : "");
     } else if (!mode) {
-        fprintf(stderr, "fasa: full attention (no profile for this model; 'fasa calibrate %s' enables fasa-c)\n", model_path);
+        snprintf(mode_note, sizeof mode_note, "full attention (no profile: 'fasa calibrate %s' enables fasa-c)", model_path);
     }
     if (ids_path) {
         if ((n_prompt = read_ids(ids_path, &ids, cfg->n_vocab)) < 0) goto out;
@@ -335,8 +335,8 @@ int cmd_run(int argc, char **argv)
     double dec_tps = n_steps ? n_steps / t_decode : 0;
     double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
-            "(weights %.1f MB + KV %.2f MB per token) | %s | %d threads\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
-            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, fasa ? "fasa-c" : "full", omp_get_max_threads());
+            "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
+            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), mode_note);
     if (json) {
         cJSON *o = cJSON_CreateObject();
         if (out_text) jtext = cJSON_AddStringToObject(o, "text", (out_text[text_len] = 0, out_text));

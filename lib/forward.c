@@ -97,11 +97,9 @@ static void add_bias(float *x, const float *b, int n, int width)
 static void attend(float *out, const float *q, const float *K, const float *V, int pos, int d,
                    float *scores)
 {
-    const float scale = 1.0f / sqrtf((float)d);
-    for (int t = 0; t <= pos; t++) scores[t] = ops_dot(q, K + (size_t)t * d, d) * scale;
+    ops_attn_scores(scores, q, K, pos + 1, d, 1.0f / sqrtf((float)d));
     ops_softmax(scores, pos + 1);
-    memset(out, 0, d * sizeof(float));
-    for (int t = 0; t <= pos; t++) ops_axpy(out, scores[t], V + (size_t)t * d, d);
+    ops_attn_accum(out, scores, V, pos + 1, d);
 }
 
 /* Focused attention: the same, over the selected positions idx[0..n) only. */
@@ -146,9 +144,10 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         const layer_weights *L = &m->layers[l];
         for (int i = 0; i < n; i++)
             ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->attn_norm.data, D, c->norm_eps);
-        ops_matmul(s->att_out, &L->wq, s->xb, n);   /* file-layout q, rotated into s->q below */
-        ops_matmul(s->k, &L->wk, s->xb, n);
-        ops_matmul(s->v, &L->wv, s->xb, n);
+        /* file-layout q (rotated into s->q below), k, v: one parallel region for the three */
+        float *const qkv_out[3] = { s->att_out, s->k, s->v };
+        const weight *const qkv_w[3] = { &L->wq, &L->wk, &L->wv };
+        ops_matmul_multi(qkv_out, qkv_w, 3, s->xb, n);
         add_bias(s->att_out, L->bq, n, qd);
         add_bias(s->k, L->bk, n, kvd);
         add_bias(s->v, L->bv, n, kvd);
@@ -203,8 +202,9 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
 
         for (int i = 0; i < n; i++)
             ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->ffn_norm.data, D, c->norm_eps);
-        ops_matmul(s->ffa, &L->w_gate, s->xb, n);
-        ops_matmul(s->ffb, &L->w_up, s->xb, n);
+        float *const gu_out[2] = { s->ffa, s->ffb };
+        const weight *const gu_w[2] = { &L->w_gate, &L->w_up };
+        ops_matmul_multi(gu_out, gu_w, 2, s->xb, n);
         ops_swiglu(s->ffa, s->ffb, n * c->d_ff);
         ops_matmul(s->xb, &L->w_down, s->ffa, n);
         for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];

@@ -72,7 +72,7 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("run /nonexistent/m.gguf hi", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("run -m /nonexistent/m.gguf -n abc hi", "option '--n-predict' needs an integer");
     expect_one_line_error("inspect /nonexistent/dir", "cannot open '/nonexistent/dir'");
-    expect_one_line_error("convert x", "not built yet");
+    expect_one_line_error("bench /nonexistent/m.gguf --task ca", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");
 }
 
