@@ -13,7 +13,9 @@
  * them against (tests/test_ops.c states each tolerance). tests/tools/bench_ops.c times them.
  *
  * Threads: ops_matmul and ops_matmul_multi open one OpenMP parallel region per call (static,
- * balanced row split, no barrier inside); everything else runs on the calling thread.
+ * balanced row split, no barrier inside); everything else runs on the calling thread. They time
+ * themselves and run on one thread when that has been faster lately (a machine busy with other
+ * processes); ops_threads() gives the current choice to other parallel loops.
  */
 #ifndef FASA_OPS_H
 #define FASA_OPS_H
@@ -41,6 +43,12 @@ void ops_matmul_ref(float *y, const weight *w, const float *x, int n);
  * instead of count): e.g. q, k, v or gate, up, which read the same x. All w[i] have the same
  * cols; the rows of all of them are split evenly over the threads. */
 void ops_matmul_multi(float *const *y, const weight *const *w, int count, const float *x, int n);
+/* Threads the matmuls use now: omp_get_max_threads(), or 1 inside a parallel region or while
+ * one thread has been the faster choice; e.g.
+ *   #pragma omp parallel for num_threads(ops_threads())  */
+int ops_threads(void);
+/* 1 (the default): the above; 0: always omp_get_max_threads() (tests, benchmarks). */
+void ops_threads_adaptive(int on);
 
 float ops_dot(const float *a, const float *b, int n);
 float ops_dot_ref(const float *a, const float *b, int n);

@@ -121,6 +121,7 @@ static void check_matmul_shapes(uint32_t type)
     const int rows_list[] = { 1, 3, 4, 37, 130 };
     const int n_list[] = { 1, 2, 3, 4, 5, 7, 64 };
     const int saved = omp_get_max_threads();
+    ops_threads_adaptive(0);   /* the splits must run even on a busy machine */
     for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
         const int cols = cols_list[ci] < block ? block : cols_list[ci];
         if (cols % block) continue;
@@ -136,6 +137,7 @@ static void check_matmul_shapes(uint32_t type)
                 float *y = malloc(sizeof(float) * n * rows), *yr = malloc(sizeof(float) * n * rows);
                 for (int i = 0; i < n * cols; i++) x[i] = frand(&r);
                 ops_matmul_ref(yr, &wt, x, n);
+                float *y1 = malloc(sizeof(float) * n * rows);
                 for (int threads = 1; threads <= 3; threads++) {
                     omp_set_num_threads(threads);
                     for (int i = 0; i < n * rows; i++) y[i] = NAN;
@@ -143,13 +145,18 @@ static void check_matmul_shapes(uint32_t type)
                     char what[32];
                     snprintf(what, sizeof what, "%d threads", threads);
                     expect_matmul_close(&wt, x, n, y, yr, what);
+                    /* and bit for bit the same whatever the thread count */
+                    if (threads == 1) memcpy(y1, y, sizeof(float) * n * rows);
+                    else cr_expect_eq(memcmp(y, y1, sizeof(float) * n * rows), 0, "%s %dx%d n=%d: %d threads differ from 1",
+                                      gguf_type_name(type), rows, cols, n, threads);
                 }
-                free(x); free(y); free(yr);
+                free(x); free(y); free(yr); free(y1);
             }
             free(q);
         }
     }
     omp_set_num_threads(saved);
+    ops_threads_adaptive(1);
 }
 
 Test(ops, matmul_shapes_f32) { check_matmul_shapes(GGUF_TYPE_F32); }
@@ -170,6 +177,7 @@ Test(ops, matmul_multi)
     uint8_t *q[3];
     for (int i = 0; i < 3; i++) q[i] = random_weight(&wt[i], types[i], rows[i], cols, 500 + i);
     const int saved = omp_get_max_threads();
+    ops_threads_adaptive(0);
     for (int n = 1; n <= 5; n += 4) {
         uint64_t r = 9;
         float *x = malloc(sizeof(float) * n * cols), *y[3], *yr[3];
@@ -191,6 +199,7 @@ Test(ops, matmul_multi)
         free(x);
     }
     omp_set_num_threads(saved);
+    ops_threads_adaptive(1);
     for (int i = 0; i < 3; i++) free(q[i]);
 }
 
