@@ -22,7 +22,8 @@ static const char usage_text[] =
     "undone) that Hugging Face transformers loads.\n"
     "\n"
     "  -p, --profile FILE    calibration profile of MODEL (default: MODEL's .profile.json)\n"
-    "  -o, --output OUT      output directory, or OUT.fasa with --bundle (must not exist, or be empty)\n"
+    "  -o, --output OUT      output directory (must not exist, or be empty); OUT.fasa with --bundle\n"
+    "                        (an OUT ending in .fasa implies --bundle)\n"
     "      --to FORMAT       fasa (default: reordered) or hf (Hugging Face layout)\n"
     "      --dtype T         f32 (default), f16 or bf16\n"
     "      --bundle          write one .fasa file (tar with a checksummed manifest) instead\n"
@@ -71,6 +72,8 @@ int cmd_convert(int argc, char **argv)
     if (!strcmp(to, "hf")) o.reorder = 0;
     else if (strcmp(to, "fasa")) return die("option '--to' must be fasa or hf, not '%s'", to);
     if (!out) return die("no output: give -o OUT");
+    size_t olen = strlen(out);
+    if (olen > 5 && !strcmp(out + olen - 5, ".fasa")) o.bundle = 1;   /* -o X.fasa means a bundle */
     if (o.zstd && !o.bundle) return die("option '--zstd' needs '--bundle'");
 
     char defp[4096];

@@ -410,6 +410,13 @@ Test(convert, bundle_round_trip_and_reproducible, .timeout = 60)
     cr_assert_eq(model_open(&b, b1, err), 0, "%s", err);
     cr_expect_eq(convert_write(b, &o, back, err), 0, "%s", err);
     model_close(b);
+    /* ... and back in the Hugging Face layout it is the original, bit for bit */
+    cr_assert_eq(model_open(&b, back, err), 0, "%s", err);
+    float *lo = cv_logits(e.m, e.ids, n), *lbk = cv_logits(b, e.ids, n);
+    cr_expect_eq(memcmp(lo, lbk, sizeof(float) * n * V), 0, "reordered and back differs from the original");
+    cr_expect_eq(profile_model_hash(b), e.p.qk_hash);
+    free(lo); free(lbk);
+    model_close(b);
     free(x1); free(x2); free(y1); free(y2);
     cenv_close(&e);
 }
@@ -648,4 +655,51 @@ Test(convert, command_line, .timeout = 120)
     cr_expect(strstr(out, "usage: fasa convert") != NULL);
     free(out); free(er);
     cenv_close(&e);
+}
+
+/* ---------------------------------------------------------------- the real model */
+
+static const char *cv_real_model(void)
+{
+    static char path[1024];
+    const char *env = getenv("FASA_MODEL");
+    if (env && access(env, R_OK) == 0) return env;
+    const char *bin = cv_bin(), *slash = strrchr(bin, '/');
+    snprintf(path, sizeof path, "%.*s/../models/SmolLM2-135M-Instruct.Q4_1.gguf", slash ? (int)(slash - bin) : 1,
+             slash ? bin : ".");
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
+/* The converted bundle of the default model decodes the original's greedy tokens, full and
+ * fasa-c, from a text prompt (so its generated tokenizer.json tokenises as the GGUF does). */
+Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
+{
+    const char *m = cv_real_model();
+    if (!m) cr_skip_test("convert::real_model_bundle_decodes_the_same: default model not installed (run scripts/setup.sh)");
+    char prof[1100];
+    profile_default_path(m, prof, sizeof prof);
+    if (access(prof, R_OK) != 0) cr_skip_test("convert::real_model_bundle_decodes_the_same: no profile at '%s'", prof);
+    char *dir = tmpdir_make(), args[4000], bundle[700], ex[700], err[FASA_ERRLEN];
+    char *out, *er, *o2, *e2;
+    snprintf(bundle, sizeof bundle, "%s/smol.fasa", dir);
+    snprintf(ex, sizeof ex, "%s/ex", dir);
+    snprintf(args, sizeof args, "convert %s -p %s -o %s", m, prof, bundle);
+    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    free(out); free(er);
+    cr_assert_eq(mkdir(ex, 0755), 0);
+    cr_assert_eq(bundle_open(bundle, ex, err), 0, "%s", err);
+    static const char *const modes[] = { "full", "fasa-c" };
+    const char *prompt = "\"$(head -c 1600 /usr/share/common-licenses/GPL-3)\"";
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run %s --raw -n 48 --ignore-eos --print-ids --mode %s --budget 128 -p %s %s",
+                 m, modes[i], prof, prompt);
+        cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+        snprintf(args, sizeof args, "run %s --raw -n 48 --ignore-eos --print-ids --mode %s --budget 128 -p %s/profile.json %s",
+                 bundle, modes[i], ex, prompt);
+        cr_assert_eq(cv_fasa(dir, args, &o2, &e2), 0, "%s", e2);
+        cr_expect_gt(strlen(out), 48);
+        cr_expect_str_eq(o2, out, "%s: the bundle's greedy tokens differ from the original's", modes[i]);
+        free(out); free(er); free(o2); free(e2);
+    }
+    tmpdir_remove(dir);
 }
