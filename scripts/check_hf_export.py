@@ -15,7 +15,7 @@ with fasa's logits.
    (the original file) and from `fasa run DIR --mode full` (the export), plus 32 greedy tokens.
 
 Pass: max|dlogit| <= 1e-3 * max|logit| for fasa(MODEL) and fasa(DIR) against transformers(DIR),
-greedy tokens equal. Prints the figures; exit 0 pass, 1 fail, 77 ("skipped: ...") when the
+greedy tokens equal (with --dtype f16/bf16 only fasa(DIR) is checked: the export is rounded). Prints the figures; exit 0 pass, 1 fail, 77 ("skipped: ...") when the
 reference packages are missing.
 """
 import argparse
@@ -132,10 +132,12 @@ def main():
             d = rel(lg, ref)
             top1 = float((lg.argmax(1) == ref.argmax(1)).mean())
             ok = d <= REL_TOL and g == ref_greedy
+            # A rounded export (f16/bf16) is not the original model: that row is for information.
+            strict = path == out or a.dtype == "f32"
             print(f"{name:22s} vs transformers(export): max rel logit diff {d:.3e}, top-1 agreement "
                   f"{top1 * 100:.2f}%, greedy {a.greedy} {'equal' if g == ref_greedy else 'DIFFERENT'}"
-                  f"  {'ok' if ok else 'FAIL'}")
-            if not ok:
+                  f"  {('ok' if ok else 'FAIL') if strict else '(' + a.dtype + ' rounding; not checked)'}")
+            if strict and not ok:
                 failures.append(name)
     finally:
         if not a.keep:
