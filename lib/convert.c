@@ -566,6 +566,25 @@ static int source_dir(const model *m, char *buf, size_t cap, char *tmp, size_t t
     return 0;
 }
 
+/* Makes a directory's entries durable (after its files were synced); best effort. */
+static void sync_dir(const char *p)
+{
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+static void sync_parent(const char *p)
+{
+    char dir[4096];
+    const char *slash = strrchr(p, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == p ? 1 : (int)(slash - p), p);
+    sync_dir(dir);
+}
+
 static int dir_empty(const char *p)
 {
     DIR *d = opendir(p);
@@ -695,13 +714,15 @@ int convert_write(const model *m, const convert_opts *o, const char *out, char *
     if (o->bundle) {
         rc = bundle_write(final, tmpdir, members, n_members, o->zstd, err);
         bundle_remove_dir(tmpdir);
-        return rc;
+    } else {
+        sync_dir(tmpdir);
+        if (rename(tmpdir, final) != 0) {
+            rc = fasa_error(err, FASA_EIO, "cannot rename into '%s': %s", final, strerror(errno));
+            goto fail;
+        }
     }
-    if (rename(tmpdir, final) != 0) {
-        rc = fasa_error(err, FASA_EIO, "cannot rename into '%s': %s", final, strerror(errno));
-        goto fail;
-    }
-    return 0;
+    if (rc == 0) sync_parent(final);
+    return rc;
 fail:
     bundle_remove_dir(tmpdir);
     return rc;
