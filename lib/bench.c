@@ -106,7 +106,7 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
         for (int b = 0; b < cfg->n_k; b++) {
             const int K_ = cfg->ks[b];
             const int k = K_ < t ? K_ : t;
-            policy_scratch sc = { c->score[tid], c->keys[tid] + c->n_ctx };
+            policy_scratch sc = { c->score[tid], c->keys[tid] + 2 * (size_t)c->n_ctx + 256 };
             int n = policy_select(&c->pol[p], s, c->st, layer, head, pos, q_tok, K_, c->idx[tid], &sc);
             int inter = 0;
             if (n < 0) inter = k;   /* everything fits: agreement is total */
@@ -142,7 +142,7 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     for (int t = 0; ok && t < c.n_threads; t++) {
         c.full[t] = malloc(sizeof(float) * n);
         c.bucket[t] = malloc(n);
-        c.keys[t] = malloc(sizeof(uint64_t) * 2 * n);
+        c.keys[t] = malloc(sizeof(uint64_t) * (3 * (size_t)n + 256));
         c.idx[t] = malloc(sizeof(int32_t) * n);
         c.score[t] = malloc(sizeof(float) * n);
         ok = c.full[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];

@@ -10,15 +10,71 @@
 
 /* ---------------------------------------------------------------- top-K buckets */
 
-void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
+/* The nested quickselects: exact, about three passes with swaps over the data per K. */
+static void buckets_select(uint64_t *keys, int n, const int *ks, int n_k, uint8_t *bucket)
 {
-    for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i), bucket[i] = (uint8_t)n_k;
     int hi = n;
     for (int b = n_k - 1; b >= 0; b--) {
         int k = ks[b] < n ? ks[b] : n;
-        if (k < hi) topk_select(scratch, hi, k);
-        for (int j = 0; j < k; j++) bucket[topk_index(scratch[j])] = (uint8_t)b;
+        if (k < hi) topk_select(keys, hi, k);
+        for (int j = 0; j < k; j++) bucket[topk_index(keys[j])] = (uint8_t)b;
         hi = k;
+    }
+}
+
+/* Sampling multi-select (after Floyd and Rivest): a sorted sample brackets each K-th largest key
+ * between two sample keys; one read-only pass per K counts the keys above the bracket and
+ * collects the few inside it, and a small select there gives the exact threshold. Keys are
+ * distinct (the index is packed in), so thresholds define the top-K sets exactly. */
+#define SAMPLE 64
+#define MARGIN 6
+
+void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
+{
+    uint64_t *keys = scratch, *band = scratch + n, *sample = scratch + 2 * (size_t)n;
+    for (int i = 0; i < n; i++) keys[i] = topk_pack(score[i], (uint32_t)i);
+    if (n <= 8 * SAMPLE) {
+        for (int i = 0; i < n; i++) bucket[i] = (uint8_t)n_k;
+        buckets_select(keys, n, ks, n_k, bucket);
+        return;
+    }
+    for (int j = 0; j < SAMPLE; j++) {   /* insertion sort, descending: 64 keys */
+        uint64_t v = keys[(size_t)j * n / SAMPLE];
+        int i = j - 1;
+        while (i >= 0 && sample[i] < v) sample[i + 1] = sample[i], i--;
+        sample[i + 1] = v;
+    }
+    uint64_t thr[PROFILE_MAX_K + 1];
+    for (int b = 0; b < n_k; b++) {
+        if (ks[b] >= n) { thr[b] = 0; continue; }   /* everything is in the top K */
+        const int K = ks[b], r = (int)((int64_t)K * SAMPLE / n);
+        const uint64_t hi = r - MARGIN >= 0 ? sample[r - MARGIN] : UINT64_MAX;
+        const uint64_t lo = r + MARGIN < SAMPLE ? sample[r + MARGIN] : 0;
+        int above = 0, nb = 0;
+        for (int i = 0; i < n; i++) {   /* branch-free: the write is undone when out of band */
+            uint64_t k = keys[i];
+            above += k > hi;
+            band[nb] = k;
+            nb += (k <= hi) & (k >= lo);
+        }
+        if (above < K && above + nb >= K) {
+            topk_select(band, nb, K - above);       /* band[0..K-above) are the largest */
+            uint64_t t = band[0];
+            for (int j = 1; j < K - above; j++) if (band[j] < t) t = band[j];
+            thr[b] = t;
+        } else {
+            /* the sample missed: select over a copy of everything */
+            memcpy(band, keys, sizeof *band * n);
+            topk_select(band, n, K);
+            uint64_t t = band[0];
+            for (int j = 1; j < K; j++) if (band[j] < t) t = band[j];
+            thr[b] = t;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        int b = 0;
+        while (b < n_k && keys[i] < thr[b]) b++;
+        bucket[i] = (uint8_t)b;
     }
 }
 
@@ -168,7 +224,7 @@ int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o
     for (int t = 0; ok && t < c.n_threads; t++) {
         c.scores[t] = malloc(sizeof(float) * (p->n_chunk + 1) * (size_t)n);
         c.buckets[t] = malloc(2 * (size_t)n);
-        c.sel[t] = malloc(sizeof(uint64_t) * n);
+        c.sel[t] = malloc(sizeof(uint64_t) * (2 * (size_t)n + 256));
         ok = c.scores[t] && c.buckets[t] && c.sel[t];
     }
     if (!ok) {

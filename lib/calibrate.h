@@ -33,7 +33,7 @@ calib_opts calib_defaults(const model *m);
 int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o, profile *out, char *err);
 
 /* Top-K bucket of every score: bucket[i] = smallest b with i among the ks[b] largest scores
- * (ties: lower index first), n_k when none. ks ascending. scratch: n entries. Exposed for tests
+ * (ties: lower index first), n_k when none. ks ascending. scratch: 2n + 256 entries. Exposed for tests
  * and for bench --task ca. */
 void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch);
 /* Plain twin: a full sort. */

@@ -14,18 +14,19 @@
 Test(calibrate, buckets_match_full_sort)
 {
     uint64_t r = 3;
-    const int ks[] = { 1, 4, 16, 64 };
-    for (int n = 1; n < 300; n += 13) {
+    const int ks[] = { 1, 4, 16, 64, 512, 2048 };
+    for (int n = 1; n < 6000; n += n < 300 ? 13 : 997) {
         float *s = malloc(sizeof(float) * n);
         uint8_t *b1 = malloc(n), *b2 = malloc(n);
-        uint64_t *scratch = malloc(sizeof(uint64_t) * n);
-        for (int i = 0; i < n; i++) s[i] = (float)(int)(sampler_rand(&r) * 20) - 10;   /* many ties */
+        uint64_t *scratch = malloc(sizeof(uint64_t) * (2 * n + 256));
+        for (int i = 0; i < n; i++)   /* many ties in odd n, smooth values in even n */
+            s[i] = n % 2 ? (float)(int)(sampler_rand(&r) * 20) - 10 : sampler_rand(&r) * 100 - 50;
         if (n > 5) s[2] = -0.0f, s[3] = 0.0f;
-        calib_buckets(s, n, ks, 4, b1, scratch);
-        calib_buckets_ref(s, n, ks, 4, b2);
+        calib_buckets(s, n, ks, 6, b1, scratch);
+        calib_buckets_ref(s, n, ks, 6, b2);
         cr_expect_eq(memcmp(b1, b2, n), 0, "n=%d", n);
         /* exactly min(K, n) tokens fall within each top-K */
-        for (int b = 0; b < 4; b++) {
+        for (int b = 0; b < 6; b++) {
             int cnt = 0;
             for (int i = 0; i < n; i++) cnt += b1[i] <= b;
             cr_expect_eq(cnt, ks[b] < n ? ks[b] : n, "n=%d K=%d", n, ks[b]);
