@@ -183,8 +183,7 @@ int cmd_bench(int argc, char **argv)
     int32_t *ids = NULL;
     bench_cfg cfg = { .steps = (int)steps, .seeds = (int)seeds };
     if (!prof_path) {
-        profile_default_path(model_path, defp, sizeof defp);
-        if (access(defp, R_OK) == 0) prof_path = defp;
+        if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
     }
     if (prof_path) {
         if (profile_load(&prof, prof_path, err) < 0) { die("%s", err); goto out; }

@@ -195,8 +195,7 @@ int cmd_run(int argc, char **argv)
     int fasa = 0;
     char defp[4096], mode_note[4600] = "full attention";
     if (!prof_path && (!mode || strcmp(mode, "full"))) {
-        profile_default_path(model_path, defp, sizeof defp);
-        if (access(defp, R_OK) == 0) prof_path = defp;
+        if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
     }
     if (mode && strcmp(mode, "full") && !prof_path) {
         die("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);

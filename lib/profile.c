@@ -87,6 +87,18 @@ void profile_default_path(const char *model_path, char *out, size_t cap)
     snprintf(out, cap, "%.*s.profile.json", (int)n, model_path);
 }
 
+int profile_find(const char *model_path, char *out, size_t cap)
+{
+    struct stat st;
+    profile_default_path(model_path, out, cap);
+    if (access(out, R_OK) == 0) return 1;
+    if (stat(model_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(out, cap, "%s/profile.json", model_path);
+        if (access(out, R_OK) == 0) return 1;
+    }
+    return 0;
+}
+
 uint64_t profile_model_hash(const model *m)
 {
     XXH64_state_t *st = XXH64_createState();

@@ -74,6 +74,9 @@ int profile_k_index(const profile *p, int k);   /* index of k in ks, or -1 */
 /* Where a model's profile lives by default: the model path without its extension (.gguf,
  * .safetensors, .fasa; a directory as is) + ".profile.json". */
 void profile_default_path(const char *model_path, char *out, size_t cap);
+/* An existing profile for a model: the default path, else DIR/profile.json for a directory (as
+ * `fasa convert` writes). Returns 1 and fills out when found, else 0. */
+int profile_find(const char *model_path, char *out, size_t cap);
 
 /* Identity of a model's attention: xxh64 over every layer's q and k projection bytes. */
 uint64_t profile_model_hash(const struct model *m);
