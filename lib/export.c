@@ -209,28 +209,9 @@ static cJSON *rounded(double v)
 
 cJSON *export_summary_json(const profile *p, const char *path, const export_summary *s)
 {
-    char hex[32];
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "profile", path);
-    cJSON *mo = cJSON_AddObjectToObject(o, "model");
-    cJSON_AddStringToObject(mo, "architecture", p->arch);
-    cJSON_AddNumberToObject(mo, "n_layer", p->n_layer);
-    cJSON_AddNumberToObject(mo, "n_head", p->n_head);
-    cJSON_AddNumberToObject(mo, "n_kv_head", p->n_kv_head);
-    cJSON_AddNumberToObject(mo, "d_head", p->d_head);
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)p->qk_hash);
-    cJSON_AddStringToObject(mo, "qk_hash", hex);
-    cJSON_AddStringToObject(o, "chunk_definition", p->chunks == CHUNKS_PLANE ? "plane" : "adjacent");
-    cJSON_AddNumberToObject(o, "n_chunk", p->n_chunk);
-    cJSON *ko = cJSON_AddObjectToObject(o, "calibration");
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)p->sample_hash);
-    cJSON_AddStringToObject(ko, "sample_hash", hex);
-    cJSON_AddNumberToObject(ko, "n_tokens", p->n_tokens);
-    cJSON_AddNumberToObject(ko, "n_prefill", p->n_prefill);
-    cJSON_AddNumberToObject(ko, "n_steps", p->n_steps);
-    cJSON_AddItemToObject(ko, "k", cJSON_CreateIntArray(p->ks, p->n_k));
-    cJSON_AddNumberToObject(ko, "rank_k", p->rank_k);
-    cJSON_AddNumberToObject(ko, "fcs", p->fcs);
+    profile_json_identity(p, o);
     cJSON_AddNumberToObject(o, "k", s->k);
     cJSON_AddNumberToObject(o, "fcs", s->fcs);
     cJSON *la = cJSON_AddArrayToObject(o, "layers");

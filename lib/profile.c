@@ -151,12 +151,9 @@ static cJSON *rank_json(const int16_t *r, int n_outer, int n_inner, int n_chunk)
     return a;
 }
 
-int profile_save(const profile *p, const char *path, char *err)
+void profile_json_identity(const profile *p, cJSON *o)
 {
     char hex[32];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "format", "fasa-profile");
-    cJSON_AddNumberToObject(o, "version", PROFILE_VERSION);
     cJSON *mo = cJSON_AddObjectToObject(o, "model");
     cJSON_AddStringToObject(mo, "architecture", p->arch);
     cJSON_AddNumberToObject(mo, "n_layer", p->n_layer);
@@ -177,6 +174,14 @@ int profile_save(const profile *p, const char *path, char *err)
     cJSON_AddItemToObject(ko, "k", cJSON_CreateIntArray(p->ks, p->n_k));
     cJSON_AddNumberToObject(ko, "rank_k", p->rank_k);
     cJSON_AddNumberToObject(ko, "fcs", p->fcs);
+}
+
+int profile_save(const profile *p, const char *path, char *err)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", "fasa-profile");
+    cJSON_AddNumberToObject(o, "version", PROFILE_VERSION);
+    profile_json_identity(p, o);
     cJSON *ca = cJSON_AddObjectToObject(o, "ca");
     for (int ki = 0; ki < p->n_k; ki++) {
         char key[16];

@@ -54,6 +54,10 @@ void profile_free(profile *p);
 void profile_rank_all(profile *p);
 
 int profile_save(const profile *p, const char *path, char *err);   /* temp file + rename */
+/* Adds the profile's "model" and "calibration" objects to a cJSON object (profile files and
+ * exports share them). */
+struct cJSON;
+void profile_json_identity(const profile *p, struct cJSON *o);
 int profile_load(profile *p, const char *path, char *err);
 int profile_check_model(const profile *p, const struct model *m, const char *path, char *err);
 
