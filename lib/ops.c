@@ -660,7 +660,9 @@ static void sched_note(int k, int par, double sec)
 {
     const double one = SCHED_GET(cost[k][0]), all = SCHED_GET(cost[k][1]);
     const int best_before = all <= one;
-    const double old = par ? all : one, now = old == 0 ? sec : 0.75 * old + 0.25 * sec;
+    /* the choice in use is averaged; a tried one replaces its stale estimate outright, so that
+     * a machine that became idle again is noticed at the first try */
+    const double old = par ? all : one, now = old == 0 || par != best_before ? sec : 0.75 * old + 0.25 * sec;
     SCHED_SET(cost[k][par], now);
     const int best_after = par ? now <= one : all <= now;
     if (one == 0 || all == 0) return;   /* still learning both */
@@ -907,6 +909,15 @@ void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float ep
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * gamma[i];
 }
 
+/* expf with the fast exp's range: 0 below -87.336 (under FLT_MIN), exp(88.376) above 88.376;
+ * for the tails of the vector loops and the build without AVX2, so that every element of every
+ * build follows the same rule. */
+static inline float exp_clamped(float x)
+{
+    if (x < -87.3365478515625f) return 0;
+    return expf(x < 88.3762626647949f ? x : 88.3762626647949f);
+}
+
 #ifdef OPS_AVX2
 /* exp(x) for eight floats, within 2e-7 relative of expf (tests/test_ops.c measures it): x = n ln2
  * + r with |r| <= ln2/2, exp(r) by Cephes' degree-7 expf polynomial, 2^n put into the exponent.
@@ -936,12 +947,12 @@ void ops_exp(float *y, const float *x, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp256(_mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] = expf(x[i]);
+    for (; i < n; i++) y[i] = exp_clamped(x[i]);
 }
 #else
 void ops_exp(float *y, const float *x, int n)
 {
-    for (int i = 0; i < n; i++) y[i] = expf(x[i]);
+    for (int i = 0; i < n; i++) y[i] = exp_clamped(x[i]);
 }
 #endif
 
@@ -974,7 +985,7 @@ void ops_softmax(float *x, int n)
         vsum = _mm256_add_ps(vsum, e);
     }
     float sum = hsum256(vsum);
-    for (; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (; i < n; i++) { x[i] = exp_clamped(x[i] - max); sum += x[i]; }
     const __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(inv, _mm256_loadu_ps(x + i)));
     for (; i < n; i++) x[i] *= 1.0f / sum;
@@ -998,7 +1009,7 @@ void ops_swiglu(float *a, const float *b, int n)
         __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
         _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
     }
-    for (; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+    for (; i < n; i++) a[i] = a[i] / (1.0f + exp_clamped(-a[i])) * b[i];
 #else
     ops_swiglu_ref(a, b, n);
 #endif

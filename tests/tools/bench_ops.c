@@ -2,7 +2,7 @@
  *
  *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Iformats \
  *       tests/tools/bench_ops.c build/libfasa.a -lm -o bin/bench_ops
- *   bin/bench_ops [MODEL.gguf] [-n BATCH] [-r REPEATS] [--copy]
+ *   bin/bench_ops [MODEL.gguf] [-n BATCH] [-r REPEATS] [--copy] [--adaptive]
  *
  * For each shape (576x576, 192x576, 1536x576, 576x1536 of every layer, and the 49152x576
  * output/embedding matrix): decode (n = 1) time per matrix and GB/s of weights streamed, and
@@ -10,7 +10,9 @@
  * dequantised to a buffer, then ops_dot per token, OpenMP over 16-row chunks) and a whole-model
  * decode sweep (every matrix of every layer once, about 96 MB: the decode bandwidth). Medians of
  * REPEATS runs; the machine may be shared, so look at the spread too. --copy reads the weights
- * from anonymous memory instead of the file mapping (the copies are not freed).
+ * from anonymous memory instead of the file mapping (the copies are not freed). The matmuls use
+ * all threads (OMP_NUM_THREADS) unless --adaptive lets them pick one thread when it is faster,
+ * as they do in fasa.
  */
 #include <math.h>
 #include <omp.h>
@@ -93,13 +95,15 @@ static weight tensor_weight(const gguf_file *g, const char *name)
 int main(int argc, char **argv)
 {
     const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    int batch = 64, reps = 15;
+    int batch = 64, reps = 15, adaptive = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--copy")) copy_weights = 1;
+        else if (!strcmp(argv[i], "--adaptive")) adaptive = 1;
         else path = argv[i];
     }
+    ops_threads_adaptive(adaptive);
     char err[512];
     gguf_file g;
     if (gguf_open(&g, path, err) < 0) {
@@ -125,7 +129,8 @@ int main(int argc, char **argv)
     float *x = malloc(xmax * sizeof(float)), *y = malloc(ymax * sizeof(float));
     for (size_t i = 0; i < xmax; i++) x[i] = sinf((float)i * 0.37f);
     memset(y, 0, ymax * sizeof(float));
-    printf("bench_ops: %s, %d threads, prefill batch %d, median of %d\n", path, omp_get_max_threads(), batch, reps);
+    printf("bench_ops: %s, %d threads%s, prefill batch %d, median of %d\n", path, omp_get_max_threads(),
+           adaptive ? " (adaptive)" : "", batch, reps);
     printf("%-22s %8s %8s %8s | %8s %8s %8s\n", "shape (type)", "old us", "new us", "GB/s", "old GF/s", "new GF/s", "speedup");
 
     for (int s = 0; s <= n_shapes; s++) {
