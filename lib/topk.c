@@ -1,6 +1,6 @@
 #include "topk.h"
 
-#include <stdlib.h>
+#include <string.h>
 
 void topk_select(uint64_t *a, int n, int k)
 {
@@ -26,17 +26,18 @@ void topk_select(uint64_t *a, int n, int k)
     }
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    return *(const int32_t *)a - *(const int32_t *)b;
-}
-
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
     for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i);
     topk_select(scratch, n, k);
     for (int j = 0; j < k; j++) idx[j] = (int32_t)topk_index(scratch[j]);
-    qsort(idx, k, sizeof *idx, cmp_i32);
+    /* ascending order through a bitmap in the (now free) scratch: O(n/64 + k), no sort */
+    const int words = (n + 63) / 64;
+    memset(scratch, 0, sizeof *scratch * words);
+    for (int j = 0; j < k; j++) scratch[idx[j] >> 6] |= 1ull << (idx[j] & 63);
+    int m = 0;
+    for (int w = 0; w < words; w++)
+        for (uint64_t bits = scratch[w]; bits; bits &= bits - 1) idx[m++] = w * 64 + __builtin_ctzll(bits);
     return k;
 }
