@@ -899,6 +899,113 @@ void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const in
     attn_accum_plain(out, p, V, idx, n, d);
 }
 
+/* Several queries against the same keys: the heads of a GQA group in decode (each key and value
+ * row is read once for the group instead of once per head), or all the queries of a prefill
+ * batch. Scores reuse the prefill matmul kernel with the keys as the weight rows. */
+
+void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                               float scale)
+{
+    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * t, Q + (size_t)i * ldq, K, NULL, t, d, scale);
+}
+
+void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
+{
+#ifdef OPS_AVX2
+    for (int j = 0; j < t; j += 4) {
+        const int nr = t - j < 4 ? t - j : 4;
+        const float *kr[4];
+        for (int r = 0; r < 4; r++) kr[r] = K + (size_t)(j + (r < nr ? r : nr - 1)) * d;
+        int i = 0;
+        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 3);
+        if (nq - i == 2) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 2);
+        else if (nq - i == 1) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 1);
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    const size_t all = (size_t)nq * t;
+    size_t k = 0;
+    for (; k + 8 <= all; k += 8) _mm256_storeu_ps(S + k, _mm256_mul_ps(vs, _mm256_loadu_ps(S + k)));
+    for (; k < all; k++) S[k] *= scale;
+#else
+    ops_attn_scores_multi_ref(S, Q, nq, ldq, K, t, d, scale);
+#endif
+}
+
+void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
+                              int d)
+{
+    for (int i = 0; i < nq; i++)
+        attn_accum_plain(O + (size_t)i * ldo, P + (size_t)i * t, V, NULL, len ? len[i] : t, d);
+}
+
+#ifdef OPS_AVX2
+/* Four queries (rows p[0..3] of weights) over value rows 0..n, W columns (a constant multiple of
+ * 8, at most 16) starting at column c: 4 x W/8 accumulators, each value load used four times. */
+static inline __attribute__((always_inline)) void
+accum_4q(float *const o[4], const float *const p[4], const float *V, int n, int d, int c, const int W, int nout)
+{
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 2
+        for (int k = 0; k < W / 8; k++) a[q][k] = _mm256_setzero_ps();
+    const float *v = V + c;
+    for (int j = 0; j < n; j++, v += d) {
+        __m256 vv[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < W / 8; k++) {
+            vv[k] = _mm256_loadu_ps(v + 8 * k);
+            __asm__("" : "+x"(vv[k]));   /* one load for the four queries (see tile_4xT) */
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            const __m256 pq = _mm256_broadcast_ss(p[q] + j);
+#pragma GCC unroll 2
+            for (int k = 0; k < W / 8; k++) a[q][k] = _mm256_fmadd_ps(pq, vv[k], a[q][k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+        if (q < nout)
+#pragma GCC unroll 2
+            for (int k = 0; k < W / 8; k++) _mm256_storeu_ps(o[q] + c + 8 * k, a[q][k]);
+}
+#endif
+
+void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d)
+{
+#ifdef OPS_AVX2
+    for (int i = 0; i < nq; i += 4) {
+        const int nout = nq - i < 4 ? nq - i : 4;
+        float *o[4];
+        const float *p[4];
+        int lo = t;   /* rows every query of the group reads */
+        for (int q = 0; q < 4; q++) {
+            const int iq = i + (q < nout ? q : nout - 1);
+            o[q] = O + (size_t)iq * ldo;
+            p[q] = P + (size_t)iq * t;
+            const int l = len ? len[iq] : t;
+            if (l < lo) lo = l;
+        }
+        int c = 0;
+        for (; c + 16 <= d; c += 16) accum_4q(o, p, V, lo, d, c, 16, nout);
+        for (; c + 8 <= d; c += 8) accum_4q(o, p, V, lo, d, c, 8, nout);
+        for (int q = 0; q < nout; q++) {
+            for (int cc = c; cc < d; cc++) {
+                float s = 0;
+                for (int j = 0; j < lo; j++) s += p[q][j] * V[(size_t)j * d + cc];
+                o[q][cc] = s;
+            }
+            /* the rows beyond the group's shortest query, one query at a time */
+            const int l = len ? len[i + q] : t;
+            for (int j = lo; j < l; j++) ops_axpy(o[q], p[q][j], V + (size_t)j * d, d);
+        }
+    }
+#else
+    ops_attn_accum_multi_ref(O, ldo, P, nq, len, V, t, d);
+#endif
+}
+
 /* ---- element-wise ---------------------------------------------------------------------------- */
 
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps)

@@ -69,6 +69,16 @@ void ops_attn_scores_idx(float *s, const float *q, const float *K, const int32_t
 void ops_attn_scores_idx_ref(float *s, const float *q, const float *K, const int32_t *idx, int n, int d, float scale);
 void ops_attn_accum_idx(float *out, const float *p, const float *V, const int32_t *idx, int n, int d);
 void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const int32_t *idx, int n, int d);
+/* Several queries against the same keys and values, each row read once for all of them: the
+ * heads of a GQA group in decode, or all queries of one KV head in a prefill batch.
+ * S[i*t + j] = scale * dot(Q[i*ldq ..], K[j]) for i < nq, j < t */
+void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
+void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
+/* O[i*ldo + c] = sum_{j < len[i]} P[i*t + j] V[j][c] for i < nq (overwrites; len NULL: all t rows;
+ * weights beyond len[i] are not read, so a causal prefill passes each query's position + 1) */
+void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d);
+void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
+                              int d);
 
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps);
 /* In place softmax over n values; returns nothing, writes exp(x - max) / sum. The fast one uses

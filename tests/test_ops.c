@@ -266,6 +266,62 @@ Test(ops, attn_scores_accum)
     }
 }
 
+/* Several queries at once against their twins (1e-6 of the magnitudes, as above), for query
+ * counts around the 3-query and 4-query blocks, key counts around 4, head dims 64, 24 and 13, and
+ * causal lengths (weights beyond a query's length must not be read: they are NaN here). */
+Test(ops, attn_multi)
+{
+    const int nq_list[] = { 1, 2, 3, 4, 5, 7, 9, 12 };
+    const int t_list[] = { 1, 3, 4, 5, 9, 64, 130 };
+    const int d_list[] = { 64, 24, 13 };
+    for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
+        for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list; qi++)
+            for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
+                const int d = d_list[di], nq = nq_list[qi], t = t_list[ti], ldq = d + 3, ldo = d + 5;
+                uint64_t r = 1000 * d + 10 * nq + t;
+                float *Q = malloc(sizeof(float) * nq * ldq), *K = malloc(sizeof(float) * t * d);
+                float *V = malloc(sizeof(float) * t * d), *S = malloc(sizeof(float) * nq * t);
+                float *Sr = malloc(sizeof(float) * nq * t), *O = malloc(sizeof(float) * nq * ldo);
+                float *Or = malloc(sizeof(float) * nq * ldo);
+                int *len = malloc(sizeof(int) * nq);
+                for (int i = 0; i < nq * ldq; i++) Q[i] = frand(&r) * 2;
+                for (int i = 0; i < t * d; i++) K[i] = frand(&r) * 3, V[i] = frand(&r);
+                const float scale = 1 / sqrtf((float)d);
+                ops_attn_scores_multi(S, Q, nq, ldq, K, t, d, scale);
+                ops_attn_scores_multi_ref(Sr, Q, nq, ldq, K, t, d, scale);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < t; j++) {
+                        double mag = 0;
+                        for (int c = 0; c < d; c++) mag += fabs(Q[i * ldq + c] * K[j * d + c]);
+                        cr_expect(fabs(S[i * t + j] - Sr[i * t + j]) <= 1e-6 * scale * mag + 1e-30,
+                                  "scores_multi d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, j,
+                                  S[i * t + j], Sr[i * t + j]);
+                    }
+                for (int pass = 0; pass < 2; pass++) {   /* all rows, then causal lengths */
+                    for (int i = 0; i < nq; i++) {
+                        len[i] = pass ? 1 + (i * 5 + t / 2) % t : t;
+                        for (int j = 0; j < t; j++) S[i * t + j] = j < len[i] ? fabsf(frand(&r)) : NAN;
+                    }
+                    for (int i = 0; i < nq * ldo; i++) O[i] = Or[i] = -7;
+                    ops_attn_accum_multi(O, ldo, S, nq, pass ? len : NULL, V, t, d);
+                    ops_attn_accum_multi_ref(Or, ldo, S, nq, pass ? len : NULL, V, t, d);
+                    for (int i = 0; i < nq; i++)
+                        for (int c = 0; c < ldo; c++) {
+                            if (c >= d) {   /* the padding of O is left alone */
+                                cr_expect_eq(O[i * ldo + c], -7.0f);
+                                continue;
+                            }
+                            double mag = 0;
+                            for (int j = 0; j < len[i]; j++) mag += fabs(S[i * t + j] * V[j * d + c]);
+                            cr_expect(fabs(O[i * ldo + c] - Or[i * ldo + c]) <= 1e-6 * mag + 1e-30,
+                                      "accum_multi d=%d nq=%d t=%d pass %d [%d][%d]: %.9g vs %.9g", d, nq, t, pass,
+                                      i, c, O[i * ldo + c], Or[i * ldo + c]);
+                        }
+                }
+                free(Q); free(K); free(V); free(S); free(Sr); free(O); free(Or); free(len);
+            }
+}
+
 /* The vectorised exp: within 2e-7 relative of exp on [-87.3, 88.3] (measured max about 1.2e-7),
  * 0 below -87.4, finite above (exp(88.376)), in the vector loop and in the scalar tail. */
 Test(ops, exp_matches_expf)

@@ -8,7 +8,9 @@
  * output/embedding matrix): decode (n = 1) time per matrix and GB/s of weights streamed, and
  * prefill (n = BATCH, default 64) GFLOP/s, each beside the previous kernel ("old": one row
  * dequantised to a buffer, then ops_dot per token, OpenMP over 16-row chunks) and a whole-model
- * decode sweep (every matrix of every layer once, about 96 MB: the decode bandwidth). Medians of
+ * decode sweep (every matrix of every layer once, about 96 MB: the decode bandwidth); then
+ * attention of one query (old ops_dot/ops_axpy loop against ops_attn_*) and of one KV head's
+ * queries (per head against ops_attn_*_multi), on one thread. Medians of
  * REPEATS runs; the machine may be shared, so look at the spread too. --copy reads the weights
  * from anonymous memory instead of the file mapping (the copies are not freed). The matmuls use
  * all threads (OMP_NUM_THREADS) unless --adaptive lets them pick one thread when it is faster,
@@ -202,6 +204,42 @@ int main(int argc, char **argv)
         printf("attention t=%-5d d=64, one thread: old %.1f us, new %.1f us (%.2fx; %.1f GB/s of K+V)\n", t,
                mo * 1e6, mn * 1e6, mo / mn, 2.0 * t * d * 4 / mn / 1e9);
         free(K); free(V); free(s);
+    }
+    /* one KV head of a GQA group: 3 query heads in decode, 64 tokens x 3 heads in prefill (causal
+     * lengths), per head (ops_attn_scores / softmax / ops_attn_accum) against the multi kernels */
+    for (int t = 512; t <= 4096; t *= 2) {
+        for (int nq = 3; nq <= 192; nq *= 64) {
+            float *K = malloc(sizeof(float) * t * d), *V = malloc(sizeof(float) * t * d);
+            float *Q = malloc(sizeof(float) * nq * d), *O = malloc(sizeof(float) * nq * d);
+            float *S = malloc(sizeof(float) * nq * t);
+            int *len = malloc(sizeof(int) * nq);
+            for (int i = 0; i < t * d; i++) K[i] = sinf(i * 0.013f), V[i] = cosf(i * 0.007f);
+            for (int i = 0; i < nq * d; i++) Q[i] = cosf(i * 0.1f);
+            for (int i = 0; i < nq; i++) len[i] = nq == 3 ? t : t - 64 + i / 3 + 1;
+            const int inner = 20000000 / (t * d * nq) + 1;
+            double th[reps], tm[reps];
+            for (int r = 0; r < reps; r++) {
+                double t0 = now();
+                for (int k = 0; k < inner; k++)
+                    for (int i = 0; i < nq; i++) {
+                        ops_attn_scores(S + (size_t)i * t, Q + (size_t)i * d, K, len[i], d, 0.125f);
+                        ops_softmax(S + (size_t)i * t, len[i]);
+                        ops_attn_accum(O + (size_t)i * d, S + (size_t)i * t, V, len[i], d);
+                    }
+                th[r] = (now() - t0) / inner;
+                t0 = now();
+                for (int k = 0; k < inner; k++) {
+                    ops_attn_scores_multi(S, Q, nq, d, K, t, d, 0.125f);
+                    for (int i = 0; i < nq; i++) ops_softmax(S + (size_t)i * t, len[i]);
+                    ops_attn_accum_multi(O, d, S, nq, len, V, t, d);
+                }
+                tm[r] = (now() - t0) / inner;
+            }
+            double mh = median(th, reps), mm = median(tm, reps);
+            printf("attention %3d queries on one KV head, t=%-5d: per head %.1f us, multi %.1f us (%.2fx)\n", nq, t,
+                   mh * 1e6, mm * 1e6, mh / mm);
+            free(K); free(V); free(Q); free(O); free(S); free(len);
+        }
     }
     free(all); free(x); free(y);
     for (int s = 0; s < 7; s++) free(lw[s]);
