@@ -630,16 +630,23 @@ Test(inspect, bad_profiles)
 
 /* ---------------------------------------------------------------- the real profile */
 
+/* $FASA_PROFILE, else the profile setup writes next to the default model (models/ beside bin/). */
 static const char *insp_real_profile(void)
 {
+    static char path[1200];
     const char *env = getenv("FASA_PROFILE");
-    return env && access(env, R_OK) == 0 ? env : NULL;
+    if (env && *env) return access(env, R_OK) == 0 ? env : NULL;
+    const char *bin = getenv("FASA_BIN");
+    const char *slash = bin ? strrchr(bin, '/') : NULL;
+    if (!slash) return NULL;
+    snprintf(path, sizeof path, "%.*s/../models/SmolLM2-135M-Instruct.Q4_1.profile.json", (int)(slash - bin), bin);
+    return access(path, R_OK) == 0 ? path : NULL;
 }
 
 Test(inspect, real_profile, .timeout = 120)
 {
     const char *rp = insp_real_profile();
-    if (!rp) cr_skip_test("real_profile: set FASA_PROFILE to a calibration profile of the default model");
+    if (!rp) cr_skip_test("inspect::real_profile: no profile of the default model (scripts/setup.sh, or set FASA_PROFILE)");
     profile p;
     char err[FASA_ERRLEN];
     cr_assert_eq(profile_load(&p, rp, err), 0, "%s", err);
