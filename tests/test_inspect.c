@@ -633,9 +633,9 @@ Test(inspect, bad_profiles)
 /* $FASA_PROFILE, else the profile setup writes next to the default model (models/ beside bin/). */
 static const char *insp_real_profile(void)
 {
-    static char path[1200];
+    static char path[512];
     const char *env = getenv("FASA_PROFILE");
-    if (env && *env) return access(env, R_OK) == 0 ? env : NULL;
+    if (env && *env) return access(env, R_OK) == 0 && strlen(env) < 512 ? env : NULL;
     const char *bin = getenv("FASA_BIN");
     const char *slash = bin ? strrchr(bin, '/') : NULL;
     if (!slash) return NULL;
