@@ -11,6 +11,7 @@ LDLIBS  += $(shell pkg-config --libs libcjson libarchive libpcre2-8 libxxhash) -
 TEST_LDLIBS = $(shell pkg-config --libs criterion)
 
 BUILD   := build
+BIN     := bin
 LIB_SRC := $(wildcard lib/*.c formats/*.c)
 CMD_SRC := $(wildcard cmd/*.c)
 TEST_SRC:= $(wildcard tests/*.c)
@@ -22,7 +23,7 @@ VENV    := .venv
 
 .PHONY: all test verify clean sanitize bench
 
-all: bin/fasa $(LIB)
+all: $(BIN)/fasa $(LIB)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -32,26 +33,30 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-bin/fasa: $(CMD_OBJ) $(LIB)
-	@mkdir -p bin
+$(BIN)/fasa: $(CMD_OBJ) $(LIB)
+	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) $(CMD_OBJ) $(LIB) $(LDLIBS) -o $@
 
-bin/fasa-tests: $(TEST_OBJ) $(LIB)
-	@mkdir -p bin
+$(BIN)/fasa-tests: $(TEST_OBJ) $(LIB)
+	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) $(TEST_OBJ) $(LIB) $(LDLIBS) $(TEST_LDLIBS) -o $@
 
 # The suite: unit tests on generated fixtures, plus end-to-end checks on the real model when
 # setup has installed it (they report themselves skipped otherwise). Criterion's summary is last.
-test: bin/fasa bin/fasa-tests
-	FASA_BIN=$(CURDIR)/bin/fasa ./bin/fasa-tests -j2
+test: $(BIN)/fasa $(BIN)/fasa-tests
+	FASA_BIN=$(CURDIR)/$(BIN)/fasa ./$(BIN)/fasa-tests -j2
 
 # Logits and greedy tokens of the real model against Hugging Face transformers (scripts/setup.sh
 # installs the reference into $(VENV)).
 verify: bin/fasa
 	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa
 
+# The suite under AddressSanitizer + UBSan, in build-asan/ (binaries too). Real-model checks find
+# the model through FASA_MODEL / FASA_PROFILE; the transformers check skips (no .venv there).
 sanitize:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
+	FASA_MODEL=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	FASA_PROFILE=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.profile.json \
+	$(MAKE) BUILD=build-asan BIN=build-asan/bin OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
 
 clean:
 	rm -rf build build-asan bin
