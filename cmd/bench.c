@@ -112,21 +112,18 @@ static char *read_texts(char **paths, int n, const char *const *defaults, int n_
 
 static int write_csv(const char *path, const bench_row *r, int n)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return die("cannot create '%s': %m", path);
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "w");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return die("out of memory");
     fprintf(f, "task,policy,budget,context,depth,value\n");
     for (int i = 0; i < n; i++)
         fprintf(f, "%s,%s,%d,%d,%g,%.6f\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
                 r[i].depth, r[i].value);
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return die("cannot write '%s': %m", path);
-    }
-    return 0;
+    fclose(f);
+    int rc = write_file_atomic(path, buf, len);
+    free(buf);
+    return rc;
 }
 
 int cmd_bench(int argc, char **argv)

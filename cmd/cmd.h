@@ -24,6 +24,9 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
 /* Plain English text that every Debian system has: the default calibration sample. */
 #define DEFAULT_SAMPLE "/usr/share/common-licenses/GPL-3"
 
+/* Writes buf to path through a temporary file renamed into place; prints the error, returns 1. */
+int write_file_atomic(const char *path, const void *buf, size_t len);
+
 /* Reads a whole stream or file into a NUL-terminated buffer (caller frees). */
 char *read_all(FILE *f, size_t *len);
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cmd.h"
@@ -113,6 +114,24 @@ char *read_all(FILE *f, size_t *len)
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+/* Writes buf to path through a temporary file renamed into place. */
+int write_file_atomic(const char *path, const void *buf, size_t len)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return die("cannot create '%s': %m", path);
+    fchmod(fd, 0644);
+    FILE *f = fdopen(fd, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return die("cannot write '%s': %m", path);
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)

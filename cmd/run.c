@@ -106,24 +106,6 @@ static int read_ids(const char *path, int32_t **out, int n_vocab)
     return n;
 }
 
-/* Writes buf to path through a temporary file renamed into place. */
-static int write_atomic(const char *path, const void *buf, size_t len)
-{
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return die("cannot create '%s': %m", path);
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "wb");
-    int ok = f && fwrite(buf, 1, len, f) == len;
-    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return die("cannot write '%s': %m", path);
-    }
-    return 0;
-}
-
 int cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
@@ -284,7 +266,7 @@ int cmd_run(int argc, char **argv)
     }
     double t_prefill = fasa_now() - t0;
     if (dump) {
-        if (write_atomic(dump, all, sizeof(float) * n_prompt * cfg->n_vocab)) goto out_state;
+        if (write_file_atomic(dump, all, sizeof(float) * n_prompt * cfg->n_vocab)) goto out_state;
     }
     const float *last = s->logits + (dump ? (size_t)((n_prompt - 1) % n_batch) * cfg->n_vocab : 0);
     memmove(s->logits, last, sizeof(float) * cfg->n_vocab);
