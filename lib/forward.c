@@ -169,7 +169,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         }
 
         if (s->stats) attn_stats_append(s->stats, s, l, s->n_past + n);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
         for (int ih = 0; ih < n * H; ih++) {
             const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
             const float *q = s->q + (size_t)i * qd + h * dh;
