@@ -106,11 +106,9 @@ static void attend(float *out, const float *q, const float *K, const float *V, i
 static void attend_sparse(float *out, const float *q, const float *K, const float *V, const int32_t *idx,
                           int n, int d, float *scores)
 {
-    const float scale = 1.0f / sqrtf((float)d);
-    for (int j = 0; j < n; j++) scores[j] = ops_dot(q, K + (size_t)idx[j] * d, d) * scale;
+    ops_attn_scores_idx(scores, q, K, idx, n, d, 1.0f / sqrtf((float)d));
     ops_softmax(scores, n);
-    memset(out, 0, d * sizeof(float));
-    for (int j = 0; j < n; j++) ops_axpy(out, scores[j], V + (size_t)idx[j] * d, d);
+    ops_attn_accum_idx(out, scores, V, idx, n, d);
 }
 
 /* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
