@@ -4,6 +4,9 @@
 #include "topk.h"
 
 #include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,73 +25,108 @@ static void buckets_select(uint64_t *keys, int n, const int *ks, int n_k, uint8_
     }
 }
 
-/* Sampling multi-select (after Floyd and Rivest): a sorted sample brackets each K-th largest key
- * between two sample keys; one read-only pass per K counts the keys above the bracket and
- * collects the few inside it, and a small select there gives the exact threshold. Keys are
- * distinct (the index is packed in), so thresholds define the top-K sets exactly. */
-#define SAMPLE 64
-#define MARGIN 6
+/* Histogram select: scores are binned linearly between their min and max (a monotone map, so
+ * equal scores share a bin and bins never reorder keys); cumulative counts from the top bin
+ * find, for every K at once, the bin holding the K-th largest score. Tokens above that bin are
+ * in, tokens below are out, and only the few tokens inside a boundary bin are ranked exactly by
+ * their packed key. Two passes over the scores for all K together. */
+#define NBIN 1024
 
-void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
-{
-    uint64_t *keys = scratch, *band = scratch + n, *sample = scratch + 2 * (size_t)n;
-    for (int i = 0; i < n; i++) keys[i] = topk_pack(score[i], (uint32_t)i);
-    if (n <= 8 * SAMPLE) {
-        for (int i = 0; i < n; i++) bucket[i] = (uint8_t)n_k;
-        buckets_select(keys, n, ks, n_k, bucket);
-        return;
-    }
-    for (int j = 0; j < SAMPLE; j++) {   /* insertion sort, descending: 64 keys */
-        uint64_t v = keys[(size_t)j * n / SAMPLE];
-        int i = j - 1;
-        while (i >= 0 && sample[i] < v) sample[i + 1] = sample[i], i--;
-        sample[i + 1] = v;
-    }
-    uint64_t thr[PROFILE_MAX_K + 1];
-    for (int b = 0; b < n_k; b++) {
-        if (ks[b] >= n) { thr[b] = 0; continue; }   /* everything is in the top K */
-        const int K = ks[b], r = (int)((int64_t)K * SAMPLE / n);
-        const uint64_t hi = r - MARGIN >= 0 ? sample[r - MARGIN] : UINT64_MAX;
-        const uint64_t lo = r + MARGIN < SAMPLE ? sample[r + MARGIN] : 0;
-        int above = 0, nb = 0;
-        for (int i = 0; i < n; i++) {   /* branch-free: the write is undone when out of band */
-            uint64_t k = keys[i];
-            above += k > hi;
-            band[nb] = k;
-            nb += (k <= hi) & (k >= lo);
-        }
-        if (above < K && above + nb >= K) {
-            topk_select(band, nb, K - above);       /* band[0..K-above) are the largest */
-            uint64_t t = band[0];
-            for (int j = 1; j < K - above; j++) if (band[j] < t) t = band[j];
-            thr[b] = t;
-        } else {
-            /* the sample missed: select over a copy of everything */
-            memcpy(band, keys, sizeof *band * n);
-            topk_select(band, n, K);
-            uint64_t t = band[0];
-            for (int j = 1; j < K; j++) if (band[j] < t) t = band[j];
-            thr[b] = t;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        int b = 0;
-        while (b < n_k && keys[i] < thr[b]) b++;
-        bucket[i] = (uint8_t)b;
-    }
-}
-
-static int cmp_desc(const void *a, const void *b)
+static int cmp_key_desc(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
+{
+    float mn = score[0], mx = score[0];
+    int i = 0;
+#ifdef __AVX2__
+    if (n >= 8) {
+        __m256 vmn = _mm256_loadu_ps(score), vmx = vmn;
+        for (i = 8; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(score + i);
+            vmn = _mm256_min_ps(vmn, v), vmx = _mm256_max_ps(vmx, v);
+        }
+        float a[8], b[8];
+        _mm256_storeu_ps(a, vmn), _mm256_storeu_ps(b, vmx);
+        for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
+    }
+#endif
+    for (; i < n; i++) mn = score[i] < mn ? score[i] : mn, mx = score[i] > mx ? score[i] : mx;
+    const float range = mx - mn;
+    uint16_t *bin = (uint16_t *)(scratch + n);
+    uint32_t hist[NBIN] = { 0 };
+    int bad = n <= 64 || !(range > 0) || !(range < 3e38f);
+    if (!bad) {
+        const float scale = (NBIN - 1) / range;
+        for (int j = 0; j < n; j++) {
+            float x = (score[j] - mn) * scale;
+            bad |= x != x;
+            int b = x >= 0 ? (int)x : 0;
+            b = b < NBIN ? b : NBIN - 1;
+            bin[j] = (uint16_t)b;
+            hist[b]++;
+        }
+    }
+    if (bad) {   /* tiny, flat, infinite or NaN scores: the exact quickselects */
+        for (int j = 0; j < n; j++) bucket[j] = (uint8_t)n_k;
+        for (int j = 0; j < n; j++) scratch[j] = topk_pack(score[j], (uint32_t)j);
+        buckets_select(scratch, n, ks, n_k, bucket);
+        return;
+    }
+    /* per K: its boundary bin and how many of that bin's tokens it takes */
+    int bb[PROFILE_MAX_K], take[PROFILE_MAX_K];
+    int x = NBIN - 1, above = 0;
+    for (int b = 0; b < n_k; b++) {
+        int K = ks[b] < n ? ks[b] : n;
+        while (above + (int)hist[x] < K) above += hist[x--];
+        bb[b] = x, take[b] = K - above;
+    }
+    /* tab[x]: the first K whose boundary bin lies strictly below x; boundary bins are marked */
+    uint8_t tab[NBIN];
+    int b = 0;
+    for (int y = NBIN - 1; y >= 0; y--) {
+        while (b < n_k && bb[b] >= y) b++;
+        tab[y] = (uint8_t)b;
+    }
+    for (int b2 = 0; b2 < n_k; b2++) tab[bb[b2]] |= 0x80;
+    int nl = 0;
+    for (int j = 0; j < n; j++) {
+        uint8_t t = tab[bin[j]];
+        bucket[j] = t & 0x7f;
+        if (t & 0x80) scratch[nl++] = (uint64_t)bin[j] << 48 | (uint64_t)j;   /* by bin, then index */
+    }
+    /* rank the boundary tokens bin by bin: packed keys in descending order */
+    qsort(scratch, nl, sizeof *scratch, cmp_key_desc);
+    uint64_t *list = scratch;
+    for (int s = 0; s < nl;) {
+        const int y = (int)(list[s] >> 48);
+        int e = s;
+        while (e < nl && (int)(list[e] >> 48) == y) e++;
+        uint64_t *key = list + nl + s;   /* room: scratch holds 2n + 256 keys */
+        for (int j = s; j < e; j++) {
+            uint32_t idx = (uint32_t)(list[j] & 0xffffffffu);
+            key[j - s] = topk_pack(score[idx], idx);
+        }
+        qsort(key, e - s, sizeof *key, cmp_key_desc);
+        for (int r = 0; r < e - s; r++) {
+            uint32_t idx = topk_index(key[r]);
+            int bk = bucket[idx];
+            for (int b2 = 0; b2 < n_k; b2++)
+                if (bb[b2] == y && r < take[b2]) { bk = b2 < bk ? b2 : bk; break; }
+            bucket[idx] = (uint8_t)bk;
+        }
+        s = e;
+    }
 }
 
 void calib_buckets_ref(const float *score, int n, const int *ks, int n_k, uint8_t *bucket)
 {
     uint64_t *a = malloc(sizeof *a * n);
     for (int i = 0; i < n; i++) a[i] = topk_pack(score[i], (uint32_t)i);
-    qsort(a, n, sizeof *a, cmp_desc);
+    qsort(a, n, sizeof *a, cmp_key_desc);
     for (int r = 0; r < n; r++) {
         int b = 0;
         while (b < n_k && r >= ks[b]) b++;
