@@ -62,3 +62,129 @@ clean:
 	rm -rf build build-asan bin
 
 -include $(LIB_OBJ:.o=.d) $(CMD_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+
+# --- fuzzing (issue 8) ---
+# libFuzzer targets for every parser of files from outside (fuzz/fuzz_*.c), built with clang,
+# AddressSanitizer and UBSan in build-fuzz/ (the library's objects are instrumented too).
+#   make fuzz-build                     the targets and the seed generator
+#   make fuzz FUZZ_SECONDS=N            each target in turn for N seconds (default 60)
+#   make fuzz-run-gguf FUZZ_RUNS=1000000 FUZZ_SECONDS=600    one target, stopping at either limit
+# Corpora grow in build-fuzz/corpus/<target>; fresh seeds from fuzz/make_seeds.c go to
+# build-fuzz/seeds/<target> first; crashes, leaks and timeouts are saved in
+# build-fuzz/artifacts/<target>/ (rerun one with: build-fuzz/fuzz_<target> FILE).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_RUNS    ?=
+FUZZ_BUILD   := build-fuzz
+FUZZ_TARGETS := safetensors gguf config tokenizer profile bundle
+FUZZ_CFLAGS  := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -fopenmp -MMD -MP \
+                -I. -Ilib -Iformats -Itests -Ifuzz \
+                $(shell pkg-config --cflags libcjson libarchive libpcre2-8 stb) \
+                -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_LIB     := $(FUZZ_BUILD)/libfasa.a
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_FIX_OBJ := $(FUZZ_BUILD)/tests/fixtures.o
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%) $(FUZZ_BUILD)/make_seeds
+# Largest input per target: a few times the largest seed of that target.
+FUZZ_MAXLEN_safetensors := 8192
+FUZZ_MAXLEN_gguf        := 32768
+FUZZ_MAXLEN_config      := 4096
+FUZZ_MAXLEN_tokenizer   := 16384
+FUZZ_MAXLEN_profile     := 16384
+FUZZ_MAXLEN_bundle      := 65536
+FUZZ_DICT_safetensors   := fuzz/safetensors.dict
+FUZZ_DICT_gguf          := fuzz/gguf.dict
+FUZZ_DICT_config        := fuzz/json.dict
+FUZZ_DICT_tokenizer     := fuzz/json.dict
+FUZZ_DICT_profile       := fuzz/json.dict
+FUZZ_DICT_bundle        := fuzz/bundle.dict
+FUZZ_FLAGS = -rss_limit_mb=2048 -timeout=10 -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+             $(if $(FUZZ_RUNS),-runs=$(FUZZ_RUNS))
+
+.PHONY: fuzz fuzz-build fuzz-seeds $(FUZZ_TARGETS:%=fuzz-run-%)
+
+fuzz-build: $(FUZZ_BINS)
+
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_LIB): $(FUZZ_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+# The safetensors target compiles the stb-style header itself and needs nothing else.
+$(FUZZ_BUILD)/fuzz_safetensors: $(FUZZ_BUILD)/fuzz/fuzz_safetensors.o
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@
+
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/fuzz/fuzz_%.o $(FUZZ_FIX_OBJ) $(FUZZ_LIB)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+
+$(FUZZ_BUILD)/make_seeds: $(FUZZ_BUILD)/fuzz/make_seeds.o $(FUZZ_FIX_OBJ) $(FUZZ_LIB)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $^ $(LDLIBS) -o $@
+
+fuzz-seeds: $(FUZZ_BUILD)/make_seeds
+	rm -rf $(FUZZ_BUILD)/seeds
+	$(FUZZ_BUILD)/make_seeds $(FUZZ_BUILD)/seeds
+
+# One target at a time, never in parallel (benchmarks share this machine).
+fuzz: fuzz-build fuzz-seeds
+	@for t in $(FUZZ_TARGETS); do $(MAKE) --no-print-directory fuzz-run-$$t || exit 1; done
+
+fuzz-run-%: $(FUZZ_BUILD)/fuzz_% $(FUZZ_BUILD)/seeds
+	@mkdir -p $(FUZZ_BUILD)/corpus/$* $(FUZZ_BUILD)/artifacts/$*
+	$(FUZZ_BUILD)/fuzz_$* $(FUZZ_FLAGS) -max_len=$(FUZZ_MAXLEN_$*) -dict=$(FUZZ_DICT_$*) \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$*/ $(FUZZ_BUILD)/corpus/$* $(FUZZ_BUILD)/seeds/$*
+
+$(FUZZ_BUILD)/seeds:
+	$(MAKE) --no-print-directory fuzz-seeds
+
+-include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BUILD)/fuzz/*.d $(FUZZ_FIX_OBJ:.o=.d)
+
+# --- CUDA (issue 7) ---
+# CUDA=1 (the default when nvcc is on PATH) compiles kernels/*.cu into the library for sm_80 and
+# sm_90 and links cudart and cuBLAS; CUDA=0 puts kernels/fasa_cuda_stub.c's "built without CUDA"
+# there instead. The stub is compiled either way and depends on a stamp of the setting, so
+# switching CUDA rebuilds the library. `make cuda-check`: every kernel for each architecture on
+# its own, warnings (nvcc's, gcc's, ptxas's) as errors.
+CUDA       ?= $(if $(shell command -v nvcc),1,0)
+NVCC       ?= nvcc
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+CUDA_ARCHS := 80 90
+NVFLAGS    ?= -O2 -g
+NVFLAGS    += -std=c++17 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror -MMD -MP -I. -Ilib
+CUDA_SRC   := $(wildcard kernels/*.cu)
+CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CUDA_STAMP := $(BUILD)/kernels/cuda-setting
+CUDA_CHECK := $(foreach a,$(CUDA_ARCHS),$(CUDA_SRC:kernels/%.cu=$(BUILD)/cuda-check/sm_$(a)/%.o))
+KERNEL_OBJ := $(BUILD)/kernels/fasa_cuda_stub.o
+ifeq ($(CUDA),1)
+KERNEL_OBJ += $(CUDA_OBJ)
+CFLAGS     += -DFASA_CUDA=1
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
+.PHONY: cuda-check cuda-setting
+
+$(LIB): $(KERNEL_OBJ)
+$(BUILD)/kernels/fasa_cuda_stub.o: $(CUDA_STAMP)
+
+# Rewritten only when the setting changes (its date is what the stub's object compares to).
+$(CUDA_STAMP): cuda-setting
+	@mkdir -p $(dir $@)
+	@echo $(CUDA) | cmp -s - $@ || echo $(CUDA) > $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) -c $< -o $@
+
+cuda-check: $(CUDA_CHECK)
+	@echo "cuda-check: $(words $(CUDA_SRC)) kernel files compile for $(CUDA_ARCHS:%=sm_%), no warnings"
+
+define CUDA_CHECK_RULE
+$(BUILD)/cuda-check/sm_$(1)/%.o: kernels/%.cu
+	@mkdir -p $$(dir $$@)
+	$$(NVCC) $$(NVFLAGS) -gencode arch=compute_$(1),code=sm_$(1) -c $$< -o $$@
+endef
+$(foreach a,$(CUDA_ARCHS),$(eval $(call CUDA_CHECK_RULE,$(a))))
+
+-include $(CUDA_OBJ:.o=.d) $(CUDA_CHECK:.o=.d) $(KERNEL_OBJ:.o=.d)

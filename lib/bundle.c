@@ -333,24 +333,15 @@ static const char *arch_msg(struct archive *a)
     return s ? s : "unknown error";
 }
 
-int bundle_open(const char *path, const char *outdir, char *err)
+/* Verifies (and with outdir extracts) the bundle a has been opened on; path names it. */
+static int bundle_read(struct archive *a, const char *path, const char *outdir, char *err)
 {
-    struct archive *a = archive_read_new();
     struct archive_entry *e;
     member *mb = NULL;
     int n = 0, rc = 0, r;
     char *text = NULL;
     void *buf = malloc(IO_CHUNK);
-    if (!a || !buf) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
-    archive_read_support_filter_all(a);
-    archive_read_support_format_tar(a);
-    struct stat st;
-    if (stat(path, &st) != 0) { rc = fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno)); goto out; }
-    if (!S_ISREG(st.st_mode)) { rc = fasa_error(err, FASA_EIO, "cannot open '%s': not a regular file", path); goto out; }
-    if (archive_read_open_filename(a, path, 1 << 16) != ARCHIVE_OK) {
-        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle: %s", path, arch_msg(a));
-        goto out;
-    }
+    if (!buf) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
 
     /* The manifest comes first. */
     r = archive_read_next_header(a, &e);
@@ -429,10 +420,49 @@ out:
                 snprintf(p, sizeof p, "%s/%s", outdir, mb[i].name);
                 unlink(p);
             }
-    if (a) archive_read_free(a);
     free(text);
     free(mb);
     free(buf);
+    return rc;
+}
+
+static struct archive *reader_new(void)
+{
+    struct archive *a = archive_read_new();
+    if (a) {
+        archive_read_support_filter_all(a);
+        archive_read_support_format_tar(a);
+    }
+    return a;
+}
+
+int bundle_open(const char *path, const char *outdir, char *err)
+{
+    struct archive *a = reader_new();
+    struct stat st;
+    int rc;
+    if (!a) rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+    else if (stat(path, &st) != 0) rc = fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode)) rc = fasa_error(err, FASA_EIO, "cannot open '%s': not a regular file", path);
+    else if (archive_read_open_filename(a, path, 1 << 16) != ARCHIVE_OK)
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle: %s", path, arch_msg(a));
+    else
+        rc = bundle_read(a, path, outdir, err);
+    if (a) archive_read_free(a);
+    return rc;
+}
+
+int bundle_open_mem(const void *data, size_t len, const char *name, const char *outdir, char *err)
+{
+    struct archive *a = reader_new();
+    int rc;
+    if (!name) name = "bundle";
+    if (!a) rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+    else if (archive_read_open_memory(a, data, len) != ARCHIVE_OK)
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle: %s", name, arch_msg(a));
+    else
+        rc = bundle_read(a, name, outdir, err);
+    if (a) archive_read_free(a);
     return rc;
 }
 

@@ -40,6 +40,8 @@ int bundle_write(const char *path, const char *dir, const char *const *names, in
  * outdir (an existing directory), extracts the members into it (O_EXCL: nothing is overwritten);
  * on failure the files it extracted are removed again. With outdir NULL, only verifies. */
 int bundle_open(const char *path, const char *outdir, char *err);
+/* The same for a bundle held in memory (len bytes); name is used in messages only. */
+int bundle_open_mem(const void *data, size_t len, const char *name, const char *outdir, char *err);
 
 /* bundle_open into a new directory made by mkdtemp under $TMPDIR (else /tmp); its path goes to
  * dir. On failure nothing is left behind. */

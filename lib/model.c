@@ -42,7 +42,7 @@ void model_rope_freqs(const model_config *c, float *theta)
 
 /* ---------------------------------------------------------------- config checks */
 
-static int config_check(const model_config *c, const char *where, char *err)
+int model_config_check(const model_config *c, const char *where, char *err)
 {
     if (c->n_layer <= 0 || c->n_layer > 1024 || c->d_model <= 0 || c->n_head <= 0 ||
         c->n_kv_head <= 0 || c->d_head <= 0 || c->d_ff <= 0 || c->n_vocab <= 0)
@@ -235,28 +235,14 @@ static double json_num(const cJSON *o, const char *key, double def)
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
-static int config_from_json(model *m, const char *path, char *err)
+int model_config_parse(model_config *c, const char *json, size_t len, const char *path, char *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
-    char *buf = NULL;
-    long len = 0;
-    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64 << 20) &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(len + 1)) && fread(buf, 1, len, f) == (size_t)len) {
-        buf[len] = 0;
-    } else {
-        free(buf);
-        fclose(f);
-        return fasa_error(err, FASA_EIO, "cannot read '%s'", path);
-    }
-    fclose(f);
-    cJSON *j = cJSON_ParseWithLength(buf, len);
-    free(buf);
+    memset(c, 0, sizeof *c);
+    cJSON *j = cJSON_ParseWithLength(json, len);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return fasa_error(err, FASA_EFORMAT, "'%s': not a JSON object", path);
     }
-    model_config *c = &m->cfg;
     int rc = 0;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
@@ -300,6 +286,26 @@ static int config_from_json(model *m, const char *path, char *err)
     }
 out:
     cJSON_Delete(j);
+    return rc;
+}
+
+static int config_from_json(model *m, const char *path, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fasa_error(err, FASA_EIO, "cannot open '%s': %s", path, strerror(errno));
+    char *buf = NULL;
+    long len = 0;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && len < (64 << 20) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(len + 1)) && fread(buf, 1, len, f) == (size_t)len) {
+        buf[len] = 0;
+    } else {
+        free(buf);
+        fclose(f);
+        return fasa_error(err, FASA_EIO, "cannot read '%s'", path);
+    }
+    fclose(f);
+    int rc = model_config_parse(&m->cfg, buf, (size_t)len, path, err);
+    free(buf);
     return rc;
 }
 
@@ -399,7 +405,7 @@ static int open_hf(model *m, const char *dir, char *err)
     const char *order = s->n_files ? st_meta(&s->files[0], "fasa.chunk_order") : NULL;
     if (order) {
         model_config *c = &m->cfg;
-        if ((rc = config_check(c, dir, err)) < 0) return rc;
+        if ((rc = model_config_check(c, dir, err)) < 0) return rc;
         m->chunk_order = malloc(sizeof(int16_t) * c->n_layer * c->n_kv_head * (c->d_head / 2));
         if (!m->chunk_order) return fasa_error(err, FASA_ENOMEM, "out of memory");
         if ((rc = model_parse_chunk_order(order, c, m->chunk_order, s->files[0].path, err)) < 0) return rc;
@@ -574,7 +580,7 @@ int model_open(model **out, const char *path, char *err)
         m->source = MODEL_SOURCE_GGUF;
         rc = open_gguf(m, err);
     }
-    if (rc == 0) rc = config_check(&m->cfg, path, err);
+    if (rc == 0) rc = model_config_check(&m->cfg, path, err);
     if (rc == 0) rc = load_weights(m, err);
     if (rc == 0) rc = rope_tables(m, err);
     if (rc == 0 && m->tok && tokenizer_n_vocab(m->tok) > m->cfg.n_vocab)

@@ -79,6 +79,12 @@ struct model {
 int  model_open(model **out, const char *path, char *err);
 void model_close(model *m);
 
+/* The config of a Hugging Face config.json held in memory (len bytes, no NUL needed); path
+ * names it in messages. *c is reset first. Only parses: model_config_check then rejects
+ * missing, non-positive or inconsistent dimensions, as model_open does after loading. */
+int model_config_parse(model_config *c, const char *json, size_t len, const char *path, char *err);
+int model_config_check(const model_config *c, const char *where, char *err);
+
 /* The Hugging Face (rotate_half) dim of a q/k projection dim of the file, for KV head g of a
  * layer (and the query heads of its group). */
 int model_hf_dim(const model *m, int layer, int kv_head, int file_dim);

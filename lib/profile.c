@@ -391,14 +391,20 @@ int profile_load(profile *p, const char *path, char *err)
         return fasa_error(err, FASA_EIO, "cannot read '%s'", path);
     }
     fclose(f);
-    const char *end = NULL;
-    cJSON *o = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (!o) {
-        long at = end ? (long)(end - buf) : -1;
-        free(buf);
-        return fasa_error(err, FASA_EFORMAT, "'%s': not valid JSON (at byte %ld of %ld)", path, at, len);
-    }
+    int rc = profile_parse(p, buf, (size_t)len, path, err);
     free(buf);
+    return rc;
+}
+
+int profile_parse(profile *p, const char *json, size_t len, const char *path, char *err)
+{
+    memset(p, 0, sizeof *p);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!o) {
+        long at = end ? (long)(end - json) : -1;
+        return fasa_error(err, FASA_EFORMAT, "'%s': not valid JSON (at byte %ld of %ld)", path, at, (long)len);
+    }
     int rc = cJSON_IsObject(o) ? profile_from_json(p, o, path, err)
                                : fasa_error(err, FASA_EFORMAT, "'%s': not a JSON object", path);
     cJSON_Delete(o);

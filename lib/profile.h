@@ -59,6 +59,9 @@ int profile_save(const profile *p, const char *path, char *err);   /* temp file 
 struct cJSON;
 void profile_json_identity(const profile *p, struct cJSON *o);
 int profile_load(profile *p, const char *path, char *err);
+/* profile_load from a file's text held in memory (len bytes, no NUL needed); path names it in
+ * messages. On failure p holds nothing to free. */
+int profile_parse(profile *p, const char *json, size_t len, const char *path, char *err);
 int profile_check_model(const profile *p, const struct model *m, const char *path, char *err);
 
 static inline double *profile_ca(const profile *p, int ki, int layer, int head)

@@ -559,18 +559,24 @@ static char *read_file(const char *path, size_t *len, char *err, int *rc)
     return buf;
 }
 
-static cJSON *json_parse_file(const char *path, char *err, int *rc)
+static cJSON *json_parse_text(const char *buf, size_t n, const char *path, char *err, int *rc)
 {
-    size_t n;
     const char *end = NULL;
-    char *buf = read_file(path, &n, err, rc);
-    cJSON *root;
-    if (!buf) return NULL;
-    root = cJSON_ParseWithLengthOpts(buf, n, &end, 0);
+    cJSON *root = cJSON_ParseWithLengthOpts(buf, n, &end, 0);
     if (!root) {
         size_t at = end && end >= buf && end <= buf + n ? (size_t)(end - buf) : n;
         *rc = fasa_error(err, FASA_EFORMAT, "'%s': invalid JSON at byte %zu", path, at);
     }
+    return root;
+}
+
+static cJSON *json_parse_file(const char *path, char *err, int *rc)
+{
+    size_t n;
+    char *buf = read_file(path, &n, err, rc);
+    cJSON *root;
+    if (!buf) return NULL;
+    root = json_parse_text(buf, n, path, err, rc);
     free(buf);
     return root;
 }
@@ -719,7 +725,8 @@ static int load_config(tokenizer *t, const char *path, char *err)
     return rc;
 }
 
-static int load_json_root(tokenizer **out, const cJSON *root, const char *path, char *err)
+/* with_config: also read tokenizer_config.json beside path (a file, not a buffer). */
+static int load_json_root(tokenizer **out, const cJSON *root, const char *path, int with_config, char *err)
 {
     const cJSON *model, *vocab, *merges, *added, *x, *v;
     enum tokenizer_pre kind = TOKENIZER_PRE_GPT2;
@@ -827,7 +834,7 @@ static int load_json_root(tokenizer **out, const cJSON *root, const char *path, 
             return fasa_error(err, FASA_EFORMAT, "'%s': model.unk_token '%.64s' is not in the vocabulary", path, unk);
         }
     }
-    if ((rc = load_config(t, path, err)) < 0 || (rc = tok_finish(t, path, err)) < 0) {
+    if ((with_config && (rc = load_config(t, path, err)) < 0) || (rc = tok_finish(t, path, err)) < 0) {
         tokenizer_free(t);
         return rc;
     }
@@ -842,7 +849,20 @@ int tokenizer_load_json(tokenizer **out, const char *path, char *err)
     if (!out || !path) return fasa_error(err, FASA_EARG, "tokenizer: no path or output pointer");
     *out = NULL;
     if (!(root = json_parse_file(path, err, &rc))) return rc;
-    rc = load_json_root(out, root, path, err);
+    rc = load_json_root(out, root, path, 1, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int tokenizer_parse_json(tokenizer **out, const char *json, size_t len, const char *name, char *err)
+{
+    cJSON *root;
+    int rc = 0;
+    if (!out || (!json && len)) return fasa_error(err, FASA_EARG, "tokenizer: no text or output pointer");
+    *out = NULL;
+    if (!name) name = "tokenizer.json";
+    if (!(root = json_parse_text(json ? json : "", len, name, err, &rc))) return rc;
+    rc = load_json_root(out, root, name, 0, err);
     cJSON_Delete(root);
     return rc;
 }

@@ -39,6 +39,10 @@ enum tokenizer_chat { TOKENIZER_CHAT_CHATML, TOKENIZER_CHAT_LLAMA3 };
  * bos/eos come from tokenizer_config.json beside the file when it exists, else from well-known
  * token names (eos: <|im_end|>, <|eot_id|>, <|end_of_text|>, <|endoftext|>, </s>). */
 int tokenizer_load_json(tokenizer **out, const char *path, char *err);
+/* The same from a tokenizer.json held in memory (len bytes, no NUL needed); name (NULL:
+ * "tokenizer.json") is used in messages only. No tokenizer_config.json is read, so bos/eos come
+ * from the well-known token names. */
+int tokenizer_parse_json(tokenizer **out, const char *json, size_t len, const char *name, char *err);
 
 /* From vocabulary arrays (as GGUF stores them: tokenizer.ggml.tokens / token_type / merges /
  * pre). types may be NULL; type 3 (CONTROL) tokens are special added tokens, type 4

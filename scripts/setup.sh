@@ -30,8 +30,10 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # ---------------------------------------------------------------------------------------------
 # (a) Debian build dependencies
 # ---------------------------------------------------------------------------------------------
+# clang, libclang-rt-dev (libFuzzer, sanitizers) and libomp-dev: `make fuzz` only.
 DEB_PKGS=(build-essential pkg-config libcjson-dev libarchive-dev libcriterion-dev libpcre2-dev
-          libstb-dev libxxhash-dev libutf8proc-dev libssl-dev python3-venv zstd)
+          libstb-dev libxxhash-dev libutf8proc-dev libssl-dev python3-venv zstd
+          clang libclang-rt-dev libomp-dev)
 
 deb_missing() {
     local p st
