@@ -188,3 +188,59 @@ endef
 $(foreach a,$(CUDA_ARCHS),$(eval $(call CUDA_CHECK_RULE,$(a))))
 
 -include $(CUDA_OBJ:.o=.d) $(CUDA_CHECK:.o=.d) $(KERNEL_OBJ:.o=.d)
+
+# --- install, valgrind (issue 8) ---
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]: bin/fasa, the library with its headers
+# (lib/*.h and formats/*.h, flat under include/fasa/: #include <fasa/model.h>), a pkg-config
+# file, the manual pages and the bash completion. make uninstall removes exactly those files.
+# fasa finds its pages through ../share/man/man1 next to the binary (fasa help CMD).
+DESTDIR      ?=
+INSTALL      ?= install
+FASA_VERSION := $(shell sed -n 's/.*puts("fasa \([0-9][0-9.]*\)").*/\1/p' cmd/main.c)
+PUB_HDR      := $(sort $(wildcard lib/*.h formats/*.h))
+MAN_PAGES    := $(sort $(wildcard man/*.1))
+I_BIN        := $(DESTDIR)$(PREFIX)/bin
+I_LIB        := $(DESTDIR)$(PREFIX)/lib
+I_INC        := $(DESTDIR)$(PREFIX)/include/fasa
+I_PC         := $(DESTDIR)$(PREFIX)/lib/pkgconfig
+I_MAN1       := $(DESTDIR)$(PREFIX)/share/man/man1
+I_BASHCOMP   := $(DESTDIR)$(PREFIX)/share/bash-completion/completions
+
+.PHONY: install uninstall valgrind
+
+install: all
+	$(INSTALL) -d $(I_BIN) $(I_LIB) $(I_INC) $(I_PC) $(I_MAN1) $(I_BASHCOMP)
+	$(INSTALL) -m 755 $(BIN)/fasa $(I_BIN)/fasa
+	$(INSTALL) -m 644 $(LIB) $(I_LIB)/libfasa.a
+	$(INSTALL) -m 644 $(PUB_HDR) $(I_INC)/
+	$(INSTALL) -m 644 $(MAN_PAGES) $(I_MAN1)/
+	$(INSTALL) -m 644 completions/fasa.bash $(I_BASHCOMP)/fasa
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${prefix}/lib' \
+	    'includedir=$${prefix}/include' '' 'Name: fasa' \
+	    'Description: FASA frequency-aware sparse attention for LLM decoding' \
+	    'Version: $(FASA_VERSION)' 'Libs: -L$${libdir} -lfasa $(strip $(LDLIBS))' \
+	    'Cflags: -I$${includedir}' > $(I_PC)/fasa.pc.tmp && mv $(I_PC)/fasa.pc.tmp $(I_PC)/fasa.pc
+
+uninstall:
+	rm -f $(I_BIN)/fasa $(I_LIB)/libfasa.a $(I_PC)/fasa.pc $(I_BASHCOMP)/fasa
+	rm -f $(addprefix $(I_INC)/,$(notdir $(PUB_HDR))) $(addprefix $(I_MAN1)/,$(notdir $(MAN_PAGES)))
+	-rmdir $(I_INC) 2>/dev/null
+
+# make valgrind: a short end-to-end job under memcheck, one thread, on the default model: a
+# dense run, a profile summary, and a truncated model file (bad input: fasa must exit 1 with no
+# memcheck complaint, which --quiet would print to the log). Any error or leak fails the target.
+VG_MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+VG_PROFILE ?= $(VG_MODEL:.gguf=.profile.json)
+VALGRIND   ?= valgrind --tool=memcheck --error-exitcode=1 --leak-check=full --quiet
+
+valgrind: all
+	@test -r $(VG_MODEL) && test -r $(VG_PROFILE) || \
+	    { echo "make valgrind: needs $(VG_MODEL) and its profile (scripts/setup.sh)" >&2; exit 1; }
+	@mkdir -p $(BUILD)/valgrind
+	OMP_NUM_THREADS=1 $(VALGRIND) $(BIN)/fasa run $(VG_MODEL) --mode full -n 4 --raw "Hello"
+	OMP_NUM_THREADS=1 $(VALGRIND) $(BIN)/fasa inspect $(VG_PROFILE) >/dev/null
+	head -c 5000000 $(VG_MODEL) > $(BUILD)/valgrind/truncated.gguf
+	OMP_NUM_THREADS=1 $(VALGRIND) --log-file=$(BUILD)/valgrind/bad-input.log \
+	    $(BIN)/fasa inspect $(BUILD)/valgrind/truncated.gguf; test $$? = 1
+	@if test -s $(BUILD)/valgrind/bad-input.log; then cat $(BUILD)/valgrind/bad-input.log; exit 1; fi
+	@echo "make valgrind: no memcheck errors or leaks"

@@ -151,23 +151,34 @@ int cmd_bench(int argc, char **argv)
         case 'B': budgets = optarg; break;
         case 'K': ks = optarg; break;
         case 'C': contexts = optarg; break;
-        case 'N': if (parse_int("--tokens", optarg, 16, 1 << 22, &tokens)) return 1; break;
-        case 'M': if (parse_int("--steps", optarg, 1, 1 << 20, &steps)) return 1; break;
+        case 'N': if (parse_int("--tokens", optarg, 16, 1 << 22, &tokens)) return EXIT_USAGE; break;
+        case 'M': if (parse_int("--steps", optarg, 1, 1 << 20, &steps)) return EXIT_USAGE; break;
         case 'D': depths = optarg; break;
-        case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return 1; break;
+        case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'c': csv = optarg; break;
         case 'j': json = 1; break;
-        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return 1; break;
+        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return EXIT_USAGE; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
     if (optind >= argc || !task) {
         fputs(usage_text, stderr);
-        return 2;
+        return EXIT_USAGE;
     }
+    if (!strcmp(task, "speed")) return die("--task speed is not built yet (ca, ppl, passkey)");
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
-        return die("--task '%s' is not available (ca, ppl, passkey)", task);
+        return die_usage("--task '%s' is not available (ca, ppl, passkey)", task);
+    /* the lists before the model is read */
+    bench_cfg cfg = { .steps = (int)steps, .seeds = (int)seeds };
+    if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
+    if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
+    if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);
+    for (int i = 1; i < cfg.n_k; i++)
+        if (cfg.ks[i] <= cfg.ks[i - 1]) return die_usage("--k values must increase");
+    if (!contexts) contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : "4096,8192";
+    if ((cfg.n_ctx = parse_ints("--context", contexts, cfg.contexts, BENCH_MAX, 16, 1 << 22)) < 0) return EXIT_USAGE;
+    if ((cfg.n_depth = parse_doubles("--depths", depths, cfg.depths, BENCH_MAX)) < 0) return EXIT_USAGE;
     if (threads) omp_set_num_threads((int)threads);
     const char *model_path = argv[optind++];
     char err[FASA_ERRLEN], defp[4096];
@@ -178,7 +189,6 @@ int cmd_bench(int argc, char **argv)
     profile prof = { 0 }, *pp = NULL;
     char *text = NULL;
     int32_t *ids = NULL;
-    bench_cfg cfg = { .steps = (int)steps, .seeds = (int)seeds };
     if (!prof_path) {
         if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
     }
@@ -193,17 +203,10 @@ int cmd_bench(int argc, char **argv)
     char list[1024];
     snprintf(list, sizeof list, "%s", policies);
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (cfg.n_policy == BENCH_MAX) { die("too many policies"); goto out; }
-        if (bench_policy_parse(tok, m, pp, &cfg.policies[cfg.n_policy++], err) < 0) { die("%s", err); goto out; }
+        if (cfg.n_policy == BENCH_MAX) { status = die_usage("too many policies (at most %d)", BENCH_MAX); goto out; }
+        /* every failure here is FASA_EARG: an unknown name, F out of range, fasa without a profile */
+        if (bench_policy_parse(tok, m, pp, &cfg.policies[cfg.n_policy++], err) < 0) { status = die_usage("%s", err); goto out; }
     }
-    if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) goto out;
-    if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) goto out;
-    if (cfg.n_k > PROFILE_MAX_K) { die("at most %d values of --k", PROFILE_MAX_K); goto out; }
-    for (int i = 1; i < cfg.n_k; i++)
-        if (cfg.ks[i] <= cfg.ks[i - 1]) { die("--k values must increase"); goto out; }
-    if (!contexts) contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : "4096,8192";
-    if ((cfg.n_ctx = parse_ints("--context", contexts, cfg.contexts, BENCH_MAX, 16, 1 << 22)) < 0) goto out;
-    if ((cfg.n_depth = parse_doubles("--depths", depths, cfg.depths, BENCH_MAX)) < 0) goto out;
     double t0 = fasa_now();
     if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
 
@@ -211,7 +214,7 @@ int cmd_bench(int argc, char **argv)
     if (!strcmp(task, "passkey")) {
         rc = bench_passkey(m, &cfg, &rows, &n_rows, err);
     } else {
-        if (!m->tok) { die("'%s' has no tokenizer", model_path); goto out; }
+        if (!m->tok) { status = die_usage("--task %s needs a model with a tokenizer; '%s' has none", task, model_path); goto out; }
         size_t len;
         if (!(text = read_texts(argv + optind, argc - optind, default_texts,
                                 (int)(sizeof default_texts / sizeof *default_texts), &len)))
@@ -220,13 +223,16 @@ int cmd_bench(int argc, char **argv)
         int n = tokenizer_encode(m->tok, text, len, 0, ids, (int)(3 * len + 16));
         if (n < 0) { die("cannot tokenize the text"); goto out; }
         if (!strcmp(task, "ca")) {
-            if (n < tokens) { die("the text has %d tokens; --tokens asks for %ld", n, tokens); goto out; }
+            if (n < tokens) { status = die_usage("the text has %d tokens; --tokens asks for %ld", n, tokens); goto out; }
             rc = bench_ca(m, ids, (int)tokens, &cfg, &rows, &n_rows, err);
         } else {
             rc = bench_ppl(m, ids, n, &cfg, &rows, &n_rows, err);
         }
     }
-    if (rc < 0) { die("%s", err); goto out; }
+    if (rc < 0) {   /* FASA_EARG: settings the text or model cannot meet (--context longer than the text) */
+        status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
+        goto out;
+    }
     double secs = fasa_now() - t0;
 
     if (json) {

@@ -71,23 +71,31 @@ int cmd_calibrate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "o:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
-        case 'N': if (parse_int("--tokens", optarg, 2, 1 << 20, &tokens)) return 1; break;
-        case 'P': if (parse_int("--prefill", optarg, 1, 1 << 20, &prefill)) return 1; break;
+        case 'N': if (parse_int("--tokens", optarg, 2, 1 << 20, &tokens)) return EXIT_USAGE; break;
+        case 'P': if (parse_int("--prefill", optarg, 1, 1 << 20, &prefill)) return EXIT_USAGE; break;
         case 'K': k_list = optarg; break;
-        case 'R': if (parse_int("--rank-k", optarg, 1, 1 << 24, &rank_k)) return 1; break;
-        case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return 1; break;
+        case 'R': if (parse_int("--rank-k", optarg, 1, 1 << 24, &rank_k)) return EXIT_USAGE; break;
+        case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'C': chunks = optarg; break;
-        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return 1; break;
+        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return EXIT_USAGE; break;
         case 'j': json = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
     if (optind >= argc || argc - optind > 2) {
         fputs(usage_text, stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     const char *model_path = argv[optind], *sample = optind + 1 < argc ? argv[optind + 1] : DEFAULT_SAMPLE;
+    /* every flag is checked before the model is read */
+    enum chunk_def chunk_def;
+    if (!strcmp(chunks, "plane")) chunk_def = CHUNKS_PLANE;
+    else if (!strcmp(chunks, "adjacent")) chunk_def = CHUNKS_ADJACENT;
+    else return die_usage("option '--chunks' must be 'plane' or 'adjacent', not '%s'", chunks);
+    calib_opts k_opts;
+    if (k_list && parse_k_list(k_list, &k_opts) < 0) return EXIT_USAGE;
+    if (prefill >= tokens) return die_usage("--prefill %ld leaves no decode steps in %ld tokens", prefill, tokens);
     if (threads) omp_set_num_threads((int)threads);
 
     char err[FASA_ERRLEN];
@@ -98,10 +106,11 @@ int cmd_calibrate(int argc, char **argv)
     char *text = NULL;
     int32_t *ids = NULL;
     profile p = { 0 };
-    if (!strcmp(chunks, "plane")) o.chunks = CHUNKS_PLANE;
-    else if (!strcmp(chunks, "adjacent")) o.chunks = CHUNKS_ADJACENT;
-    else { die("option '--chunks' must be 'plane' or 'adjacent', not '%s'", chunks); goto done; }
-    if (k_list && parse_k_list(k_list, &o) < 0) goto done;
+    o.chunks = chunk_def;
+    if (k_list) {
+        o.n_k = k_opts.n_k;
+        memcpy(o.ks, k_opts.ks, sizeof o.ks);
+    }
     o.rank_k = (int)rank_k;
     if (fcs > 0) o.fcs = (int)fcs;
     o.n_prefill = prefill > 0 ? (int)prefill : (int)tokens - 256;
@@ -118,14 +127,17 @@ int cmd_calibrate(int argc, char **argv)
     if (!(ids = malloc(sizeof *ids * cap))) { die("out of memory"); goto done; }
     int n = tokenizer_encode(m->tok, text, len, 0, ids, cap);
     if (n < 0) { die("'%s': cannot tokenize", sample); goto done; }
-    if (n < tokens) { die("'%s' has %d tokens; --tokens asks for %ld", sample, n, tokens); goto done; }
+    if (n < tokens) { status = die_usage("'%s' has %d tokens; --tokens asks for %ld", sample, n, tokens); goto done; }
     n = (int)tokens;
-    if (o.n_prefill >= n) { die("--prefill %d leaves no decode steps in %d tokens", o.n_prefill, n); goto done; }
     o.sample_hash = XXH64(ids, sizeof *ids * n, 0);
 
     double t0 = fasa_now();
     if (isatty(2)) o.progress = progress, o.progress_ctx = &t0;
-    if (calibrate_run(m, ids, n, &o, &p, err) < 0) { die("%s", err); goto done; }
+    int rc = calibrate_run(m, ids, n, &o, &p, err);
+    if (rc < 0) {   /* FASA_EARG: flags that do not fit together or this model (--rank-k, --fcs) */
+        status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
+        goto done;
+    }
     double secs = fasa_now() - t0;
 
     char def_out[4096];

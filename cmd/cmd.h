@@ -10,14 +10,25 @@ int cmd_convert(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
-/* Prints "fasa: <message>" on stderr and returns 1 (the exit status for failures). */
+/* Exit statuses, one rule for every subcommand (documented in man/fasa.1, EXIT STATUS):
+ * 0 success; 1 a well-formed command that failed (a file missing, unreadable or malformed, a model
+ * and profile that do not fit, out of memory, a mode that is not built); 2 a command line that
+ * cannot work whatever the files hold (unknown command or option, missing or extra operands, a
+ * malformed or out-of-range option value, options that conflict or do not apply to the input). */
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+
+/* Prints "fasa: <message>" on stderr and returns EXIT_FAIL. */
 int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for a usage error: returns EXIT_USAGE. */
+int die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The default model installed by scripts/setup.sh: $FASA_MODEL, else models/ next to the
  * binary's bin/ directory, else ~/.local/share/fasa/models/. NULL if none exists. */
 const char *default_model_path(void);
 
-/* Parses a positive integer / float flag value; returns -1 (after printing) on garbage. */
+/* Parses a positive integer / float flag value; returns -1 (after printing) on garbage: the
+ * caller exits with EXIT_USAGE. */
 int parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int parse_float(const char *flag, const char *s, double lo, double hi, double *out);
 

@@ -57,31 +57,31 @@ int cmd_convert(int argc, char **argv)
         case OPT_ZSTD: o.zstd = 1; break;
         case OPT_JSON: json = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
     if (optind + 1 != argc) {
         fputs(usage_text, stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     const char *model_path = argv[optind];
     if (!strcmp(dtype, "f32")) o.dtype = ST_F32;
     else if (!strcmp(dtype, "f16")) o.dtype = ST_F16;
     else if (!strcmp(dtype, "bf16")) o.dtype = ST_BF16;
-    else return die("option '--dtype' must be f32, f16 or bf16, not '%s'", dtype);
+    else return die_usage("option '--dtype' must be f32, f16 or bf16, not '%s'", dtype);
     if (!strcmp(to, "hf")) o.reorder = 0;
-    else if (strcmp(to, "fasa")) return die("option '--to' must be fasa or hf, not '%s'", to);
-    if (!out) return die("no output: give -o OUT");
+    else if (strcmp(to, "fasa")) return die_usage("option '--to' must be fasa or hf, not '%s'", to);
+    if (!out) return die_usage("no output: give -o OUT");
     size_t olen = strlen(out);
     if (olen > 5 && !strcmp(out + olen - 5, ".fasa")) o.bundle = 1;   /* -o X.fasa means a bundle */
-    if (o.zstd && !o.bundle) return die("option '--zstd' needs '--bundle'");
+    if (o.zstd && !o.bundle) return die_usage("option '--zstd' needs '--bundle'");
 
     char defp[4096];
     if (!prof_path && o.reorder) {
         profile_default_path(model_path, defp, sizeof defp);
         if (access(defp, R_OK) != 0)
-            return die("'%s' has no profile: run 'fasa calibrate %s' or give -p (or --to hf for no reordering)",
-                       model_path, model_path);
+            return die_usage("'%s' has no profile: run 'fasa calibrate %s' or give -p (or --to hf for no reordering)",
+                             model_path, model_path);
         prof_path = defp;
     }
 

@@ -281,34 +281,37 @@ static int inspect_profile(const char *path, const profile_opts *o)
     if (o->export_kind) {
         if (!strcmp(o->export_kind, "sglang-ds")) export_ds = 1;
         else if (strcmp(o->export_kind, "json-dims"))
-            return die("unknown export '%s' (sglang-ds or json-dims)", o->export_kind);
-        if (!o->output) return die("'--export %s' needs '-o FILE'", o->export_kind);
+            return die_usage("unknown export '%s' (sglang-ds or json-dims)", o->export_kind);
+        if (!o->output) return die_usage("'--export %s' needs '-o FILE'", o->export_kind);
     } else if (o->output) {
-        return die("option '-o' needs '--export sglang-ds|json-dims'");
+        return die_usage("option '-o' needs '--export sglang-ds|json-dims'");
     }
     if (o->type) {
-        if (!export_ds) return die("option '--type' applies to '--export sglang-ds' only");
+        if (!export_ds) return die_usage("option '--type' applies to '--export sglang-ds' only");
         if (!strcmp(o->type, "qk")) ds_type = EXPORT_DS_QK;
         else if (!strcmp(o->type, "q")) ds_type = EXPORT_DS_Q;
         else if (!strcmp(o->type, "k")) ds_type = EXPORT_DS_K;
-        else return die("option '--type' must be qk, q or k, not '%s'", o->type);
+        else return die_usage("option '--type' must be qk, q or k, not '%s'", o->type);
     }
+    long k = 0, fcs = 0;   /* the syntax first; the ranges the profile sets once it is read */
+    if (o->k && parse_int("--k", o->k, 1, 1L << 30, &k) < 0) return EXIT_USAGE;
+    if (o->fcs && parse_int("--fcs", o->fcs, 1, 1L << 30, &fcs) < 0) return EXIT_USAGE;
     profile p, q;
     if (profile_load(&p, path, err) < 0) return die("%s", err);
     int rc = 1;
-    long k = p.rank_k, fcs = p.fcs;
+    if (!o->k) k = p.rank_k;
+    if (!o->fcs) fcs = p.fcs;
     export_summary s = { 0 };
     export_compare cmp = { 0 };
     int have_q = 0;
-    if (o->k && parse_int("--k", o->k, 1, 1L << 30, &k) < 0) goto out;
     if (profile_k_index(&p, (int)k) < 0) {
         char ks[256] = "";
         for (int i = 0; i < p.n_k; i++)
             snprintf(ks + strlen(ks), sizeof ks - strlen(ks), "%s%d", i ? ", " : "", p.ks[i]);
-        die("'%s' has no K=%ld (it has %s)", path, k, ks);
+        rc = die_usage("'%s' has no K=%ld (it has %s)", path, k, ks);
         goto out;
     }
-    if (o->fcs && parse_int("--fcs", o->fcs, 1, p.n_chunk, &fcs) < 0) goto out;
+    if (o->fcs && parse_int("--fcs", o->fcs, 1, p.n_chunk, &fcs) < 0) { rc = EXIT_USAGE; goto out; }
     if (export_summarize(&p, (int)k, (int)fcs, &s, err) < 0) { die("'%s': %s", path, err); goto out; }
     if (o->compare) {
         if (profile_load(&q, o->compare, err) < 0) { die("%s", err); goto out; }
@@ -381,18 +384,19 @@ int cmd_inspect(int argc, char **argv)
         case 'o': po.output = optarg, profile_flag = "-o"; break;
         case 't': po.type = optarg, profile_flag = "--type"; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
     if (optind != argc - 1) {
         fputs(usage_text, stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     const char *path = argv[optind];
     if (is_profile_path(path)) {
-        if (all) return die("option '--tensors' applies to models; '%s' is a profile", path);
+        if (all) return die_usage("option '--tensors' applies to models; '%s' is a profile", path);
         return inspect_profile(path, &po);
     }
-    if (profile_flag) return die("option '%s' applies to calibration profiles; '%s' is not one", profile_flag, path);
+    if (profile_flag)
+        return die_usage("option '%s' applies to calibration profiles; '%s' is not one", profile_flag, path);
     return inspect_model(path, po.json, all);
 }

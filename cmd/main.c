@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cmd.h"
@@ -22,22 +23,52 @@ static const struct command {
     { "bench", cmd_bench, "measure perplexity, passkey, contextual agreement and speed" },
 };
 
+#define N_COMMANDS (sizeof commands / sizeof *commands)
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: fasa <command> [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+    for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-10s %s\n", "help", "show the manual page of fasa or of a command: fasa help [COMMAND]");
     fprintf(f, "\n'fasa <command> --help' shows a command's options.\n");
+}
+
+static int vdie(int status, const char *fmt, va_list ap)
+{
+    fputs("fasa: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    return status;
 }
 
 int die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("fasa: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int rc = vdie(EXIT_FAIL, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int die_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vdie(EXIT_USAGE, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The directory holding the running binary, or 0 when /proc cannot tell. */
+static int exe_dir(char *buf, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, cap - 1);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *slash = strrchr(buf, '/');
+    if (!slash) return 0;
+    *slash = 0;
     return 1;
 }
 
@@ -48,18 +79,12 @@ const char *default_model_path(void)
     const char *env = getenv("FASA_MODEL");
     if (env && *env) return env;
     char exe[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            /* bin/fasa in a checkout -> ../models; $PREFIX/bin/fasa -> ../share/fasa/models */
-            snprintf(buf, sizeof buf, "%s/../models/%s", exe, name);
-            if (access(buf, R_OK) == 0) return buf;
-            snprintf(buf, sizeof buf, "%s/../share/fasa/models/%s", exe, name);
-            if (access(buf, R_OK) == 0) return buf;
-        }
+    if (exe_dir(exe, sizeof exe)) {
+        /* bin/fasa in a checkout -> ../models; $PREFIX/bin/fasa -> ../share/fasa/models */
+        snprintf(buf, sizeof buf, "%s/../models/%s", exe, name);
+        if (access(buf, R_OK) == 0) return buf;
+        snprintf(buf, sizeof buf, "%s/../share/fasa/models/%s", exe, name);
+        if (access(buf, R_OK) == 0) return buf;
     }
     const char *home = getenv("HOME");
     if (home) {
@@ -134,23 +159,107 @@ int write_file_atomic(const char *path, const void *buf, size_t len)
     return 0;
 }
 
+/* ---------------------------------------------------------------- fasa help */
+
+/* 1 when PATH has an executable called name. */
+static int in_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    char buf[PATH_MAX];
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        snprintf(buf, sizeof buf, "%.*s/%s", n ? (int)n : 1, n ? path : ".", name);
+        if (access(buf, X_OK) == 0) return 1;
+        path += n + (path[n] == ':');
+    }
+    return 0;
+}
+
+/* Runs man with args (NULL-terminated); returns its exit status, 127 when it cannot start.
+ * quiet sends its output and errors to /dev/null (for `man -w`, which only asks). */
+static int run_man(char *const args[], int quiet)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return 127;
+    if (pid == 0) {
+        if (quiet && !freopen("/dev/null", "w", stdout)) _exit(127);
+        if (quiet && !freopen("/dev/null", "w", stderr)) _exit(127);
+        execvp("man", args);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return 127;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The page beside the binary: $PREFIX/share/man/man1 for an installed fasa, the source tree's
+ * man/ for bin/fasa in a checkout. */
+static int find_page(const char *page, char *out, size_t cap)
+{
+    char dir[PATH_MAX - 64];
+    if (!exe_dir(dir, sizeof dir)) return 0;
+    static const char *const rel[] = { "../share/man/man1", "../man" };
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        if ((size_t)snprintf(out, cap, "%s/%s/%s.1", dir, rel[i], page) < cap && access(out, R_OK) == 0) return 1;
+    }
+    return 0;
+}
+
+/* `fasa help [COMMAND]`: the manual page through man(1) when both exist; otherwise the same
+ * text as `--help`. */
+static int help(int argc, char **argv)
+{
+    if (argc > 2) return die_usage("'help' takes at most one command name; see 'fasa --help'");
+    const char *name = argc == 2 && strcmp(argv[1], "help") ? argv[1] : NULL;
+    const struct command *cmd = NULL;
+    if (name) {
+        for (size_t i = 0; i < N_COMMANDS && !cmd; i++)
+            if (!strcmp(name, commands[i].name)) cmd = &commands[i];
+        if (!cmd) return die_usage("'%s' is not a fasa command; see 'fasa --help'", name);
+    }
+    char page[64], path[PATH_MAX];
+    snprintf(page, sizeof page, name ? "fasa-%s" : "fasa", name);
+    if (in_path("man")) {
+        int rc = 127;
+        if (find_page(page, path, sizeof path))
+            rc = run_man((char *[]){ "man", "-l", path, NULL }, 0);
+        else if (run_man((char *[]){ "man", "-w", page, NULL }, 1) == 0)
+            rc = run_man((char *[]){ "man", page, NULL }, 0);
+        if (rc != 127) return rc ? EXIT_FAIL : 0;
+    }
+    if (!cmd) {
+        usage(stdout);
+        return 0;
+    }
+    return cmd->fn(2, (char *[]){ (char *)cmd->name, "--help", NULL });
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
-        return 2;
+        return EXIT_USAGE;
     }
     const char *name = argv[1];
-    if (!strcmp(name, "--help") || !strcmp(name, "-h") || !strcmp(name, "help")) {
+    if (!strcmp(name, "--help") || !strcmp(name, "-h")) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(name, "help")) return help(argc - 1, argv + 1);
     if (!strcmp(name, "--version")) {
         puts("fasa 0.1");
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(name, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    die("'%s' is not a fasa command; see 'fasa --help'", name);
-    return 2;
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].name)) {
+            /* getopt names argv[0] in its messages: "fasa run: unrecognized option '--x'" */
+            static char prog[32];
+            snprintf(prog, sizeof prog, "fasa %s", name);
+            argv[1] = prog;
+            return commands[i].fn(argc - 1, argv + 1);
+        }
+    return die_usage("'%s' is not a fasa command; see 'fasa --help'", name);
 }

@@ -123,39 +123,39 @@ int cmd_run(int argc, char **argv)
             if (!strcmp(optarg, "fasa-m"))
                 return die("--mode fasa-m: the cold-tier KV store is not built yet; use fasa-c");
             if (strcmp(optarg, "full") && strcmp(optarg, "fasa-c") && strcmp(optarg, "fasa"))
-                return die("--mode '%s' is not one of full, fasa-c", optarg);
+                return die_usage("--mode '%s' is not one of full, fasa-c", optarg);
             mode = optarg;
             break;
         case 'p': prof_path = optarg; break;
-        case OPT_BUDGET: if (parse_int("--budget", optarg, 1, 1 << 24, &budget)) return 1; break;
-        case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return 1; break;
-        case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return 1; break;
+        case OPT_BUDGET: if (parse_int("--budget", optarg, 1, 1 << 24, &budget)) return EXIT_USAGE; break;
+        case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
+        case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return EXIT_USAGE; break;
         case OPT_GROUP: group = 1; break;
-        case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return 1; break;
-        case OPT_TEMP: if (parse_float("--temp", optarg, 0, 100, &temp)) return 1; break;
-        case OPT_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 24, &top_k)) return 1; break;
-        case OPT_TOPP: if (parse_float("--top-p", optarg, 1e-6, 1, &top_p)) return 1; break;
-        case OPT_SEED: if (parse_int("--seed", optarg, 0, 1L << 62, &seed)) return 1; break;
+        case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return EXIT_USAGE; break;
+        case OPT_TEMP: if (parse_float("--temp", optarg, 0, 100, &temp)) return EXIT_USAGE; break;
+        case OPT_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 24, &top_k)) return EXIT_USAGE; break;
+        case OPT_TOPP: if (parse_float("--top-p", optarg, 1e-6, 1, &top_p)) return EXIT_USAGE; break;
+        case OPT_SEED: if (parse_int("--seed", optarg, 0, 1L << 62, &seed)) return EXIT_USAGE; break;
         case OPT_CHAT: chat = 1; break;
         case OPT_RAW: chat = 0; break;
         case OPT_SYSTEM: system = optarg; break;
-        case OPT_CTX: if (parse_int("--ctx", optarg, 1, 1 << 24, &ctx)) return 1; break;
+        case OPT_CTX: if (parse_int("--ctx", optarg, 1, 1 << 24, &ctx)) return EXIT_USAGE; break;
         case OPT_IGNORE_EOS: ignore_eos = 1; break;
-        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return 1; break;
+        case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return EXIT_USAGE; break;
         case OPT_IDS: ids_path = optarg; break;
         case OPT_PRINT_IDS: print_ids = 1; break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_JSON: json = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
     }
     int rest = argc - optind;
     if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;
-    if (rest > 1) return die("too many arguments; see 'fasa run --help'");
+    if (rest > 1) return die_usage("too many arguments; see 'fasa run --help'");
     if (rest == 1) prompt = argv[optind];
     if (!model_path && !(model_path = default_model_path()))
-        return die("no model given and no default model installed (run scripts/setup.sh)");
+        return die_usage("no model given and no default model installed (run scripts/setup.sh)");
     if (threads) omp_set_num_threads((int)threads);
 
     char err[FASA_ERRLEN];
@@ -180,7 +180,7 @@ int cmd_run(int argc, char **argv)
         if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
     }
     if (mode && strcmp(mode, "full") && !prof_path) {
-        die("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);
+        status = die_usage("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);
         goto out;
     }
     if (prof_path && (!mode || strcmp(mode, "full"))) {
@@ -193,7 +193,11 @@ int cmd_run(int argc, char **argv)
         po.fcs = fcs ? (int)fcs : prof.fcs;
         po.n_dense_layers = (int)dense_layers;
         po.group = group;
-        if (policy_init(&pol, m, &po, err) < 0) { die("%s", err); goto out; }
+        int rc = policy_init(&pol, m, &po, err);
+        if (rc < 0) {   /* FASA_EARG: a flag outside what this model allows (--fcs) */
+            status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
+            goto out;
+        }
         fasa = 1;
         snprintf(mode_note, sizeof mode_note, "fasa-c (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s)",
                  prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers, dense_layers == 1 ? "" : "s",
@@ -204,7 +208,7 @@ int cmd_run(int argc, char **argv)
     if (ids_path) {
         if ((n_prompt = read_ids(ids_path, &ids, cfg->n_vocab)) < 0) goto out;
     } else {
-        if (!m->tok) { die("'%s' has no tokenizer; give the prompt with --ids", model_path); goto out; }
+        if (!m->tok) { status = die_usage("'%s' has no tokenizer; give the prompt with --ids", model_path); goto out; }
         if (!prompt || !strcmp(prompt, "-")) {
             if (isatty(0)) fprintf(stderr, "fasa: reading the prompt from stdin (end with Ctrl-D)\n");
             if (!(text = read_all(stdin, NULL))) { die("cannot read the prompt from stdin"); goto out; }
@@ -216,7 +220,7 @@ int cmd_run(int argc, char **argv)
         const char *input = prompt;
         char *rendered = NULL;
         if (chat) {
-            if (!has_chatml && !has_llama3) { die("'%s' has no chat template tokens; use --raw", model_path); goto out; }
+            if (!has_chatml && !has_llama3) { status = die_usage("'%s' has no chat template tokens; use --raw", model_path); goto out; }
             enum tokenizer_chat kind = has_chatml ? TOKENIZER_CHAT_CHATML : TOKENIZER_CHAT_LLAMA3;
             /* SmolLM2's own template adds this system message when none is given. */
             if (!system && has_chatml && strstr(m->name, "mol"))
@@ -236,7 +240,7 @@ int cmd_run(int argc, char **argv)
 
     long n_ctx = ctx ? ctx : n_prompt + n_predict;
     if (n_prompt + n_predict > n_ctx) n_predict = n_ctx - n_prompt;
-    if (n_predict < 0) { die("the prompt (%d tokens) does not fit the context (%ld)", n_prompt, n_ctx); goto out; }
+    if (n_predict < 0) { status = die_usage("the prompt (%d tokens) does not fit the context (%ld)", n_prompt, n_ctx); goto out; }
     if (!ctx && n_ctx > cfg->n_ctx_train)
         fprintf(stderr, "fasa: warning: %ld tokens exceed the model's training context (%d)\n", n_ctx, cfg->n_ctx_train);
 

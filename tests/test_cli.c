@@ -76,6 +76,48 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");
 }
 
+/* One rule for every command (fasa(1), EXIT STATUS): 2 for a command line that cannot work, 1 for
+ * a valid one that fails, each with one "fasa: " line. None of these reads a model. */
+Test(cli, exit_status_rule)
+{
+    static const struct { const char *args; int rc; } cases[] = {
+        { "frobnicate", 2 },
+        { "help nosuch", 2 },
+        { "run -m /nonexistent/m.gguf -n abc hi", 2 },
+        { "run -m /nonexistent/m.gguf --mode bogus hi", 2 },
+        { "run -m /nonexistent/m.gguf one two", 2 },
+        { "calibrate /nonexistent/m.gguf --chunks diagonal", 2 },
+        { "calibrate /nonexistent/m.gguf --k 128,64", 2 },
+        { "calibrate /nonexistent/m.gguf --tokens 300 --prefill 300", 2 },
+        { "convert /nonexistent/m.gguf", 2 },
+        { "convert /nonexistent/m.gguf -o x --dtype f8", 2 },
+        { "convert /nonexistent/m.gguf -o x --zstd", 2 },
+        { "bench /nonexistent/m.gguf --task nosuch", 2 },
+        { "bench /nonexistent/m.gguf --task ca --budget 1,x", 2 },
+        { "bench /nonexistent/m.gguf --task ca --k 256,64", 2 },
+        { "run /nonexistent/m.gguf hi", 1 },
+        { "run -m /nonexistent/m.gguf --mode fasa-m hi", 1 },
+        { "inspect /nonexistent/dir", 1 },
+        { "calibrate /nonexistent/m.gguf", 1 },
+        { "bench /nonexistent/m.gguf --task speed", 1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out, *err;
+        int rc = fasa(cases[i].args, &out, &err);
+        cr_expect_eq(rc, cases[i].rc, "'fasa %s' exited %d, not %d: %s", cases[i].args, rc, cases[i].rc, err);
+        cr_expect_eq(count_lines(err), 1, "'fasa %s' stderr is not one line: %s", cases[i].args, err);
+        cr_expect(strncmp(err, "fasa: ", 6) == 0, "'fasa %s': '%s'", cases[i].args, err);
+        free(out);
+        free(err);
+    }
+    /* getopt's complaint names the command, then the usage follows */
+    char *out, *err;
+    cr_expect_eq(fasa("run --no-such-flag", &out, &err), 2);
+    cr_expect(strncmp(err, "fasa run: unrecognized option", 29) == 0, "%s", err);
+    free(out);
+    free(err);
+}
+
 Test(cli, tiny_model_logits_and_atomic_outputs)
 {
     tiny_model t;
