@@ -151,7 +151,7 @@ NVCC       ?= nvcc
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
 CUDA_ARCHS := 80 90
 NVFLAGS    ?= -O2 -g
-NVFLAGS    += -std=c++17 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror -MMD -MP -I. -Ilib
+NVFLAGS    += -std=c++17 --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror -MMD -MP -I. -Ilib
 CUDA_SRC   := $(wildcard kernels/*.cu)
 CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_STAMP := $(BUILD)/kernels/cuda-setting

@@ -11,6 +11,7 @@
 #include "export.h"
 #include "gguf.h"
 #include "heatmap.h"
+#include "kernels/fasa_cuda.h"
 #include "model.h"
 #include "profile.h"
 #include "safetensors.h"
@@ -18,6 +19,7 @@
 static const char usage_text[] =
     "usage: fasa inspect MODEL [options]\n"
     "       fasa inspect PROFILE.json [options]\n"
+    "       fasa inspect --devices [--json]\n"
     "\n"
     "Shows a model's architecture, tensors (dtype, shape, bytes), parameter count, memory, RoPE\n"
     "layout and tokenizer; or, for a calibration profile (a *.json file or any file starting with '{'),\n"
@@ -40,6 +42,7 @@ static const char usage_text[] =
     "                        backend needs n_head == n_kv_head. json-dims: each head's top F\n"
     "                        chunks and their Hugging Face dims\n"
     "      --type qk|q|k     (sglang-ds) the key suffix; k writes one row per KV head (group ranking)\n"
+    "      --devices         the CUDA devices fasa's kernels can use (or why there are none)\n"
     "  -h, --help            this text\n";
 
 static const char *arch_name(enum model_arch a)
@@ -355,6 +358,47 @@ out:
     return rc;
 }
 
+/* --devices: what kernels/ can run on. No device is a fact to report, not a failure. */
+static int inspect_devices(int json)
+{
+    char err[FASA_ERRLEN];
+    fasa_cuda_device dev[16];
+    const int n = fasa_cuda_devices(dev, 16, err);
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "devices");
+        cJSON_AddBoolToObject(o, "built_with_cuda", fasa_cuda_built());
+        if (n < 0) cJSON_AddStringToObject(o, "note", err);
+        for (int i = 0; i < n && i < 16; i++) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddNumberToObject(d, "index", dev[i].index);
+            cJSON_AddStringToObject(d, "name", dev[i].name);
+            char cc[16];
+            snprintf(cc, sizeof cc, "%d.%d", dev[i].cc_major, dev[i].cc_minor);
+            cJSON_AddStringToObject(d, "compute_capability", cc);
+            cJSON_AddNumberToObject(d, "sm_count", dev[i].n_sm);
+            cJSON_AddNumberToObject(d, "mem_total", (double)dev[i].mem_total);
+            cJSON_AddNumberToObject(d, "mem_free", (double)dev[i].mem_free);
+            cJSON_AddBoolToObject(d, "maps_host_memory", dev[i].can_map_host);
+            cJSON_AddBoolToObject(d, "runs_fasa_kernels", dev[i].has_kernels);
+            cJSON_AddItemToArray(arr, d);
+        }
+        char *text = cJSON_Print(o);
+        cJSON_Delete(o);
+        if (!text) return die("out of memory");
+        puts(text);
+        free(text);
+    } else if (n < 0) {
+        printf("%s\n", err);
+    } else {
+        for (int i = 0; i < n && i < 16; i++)
+            printf("cuda:%d  %s  compute %d.%d  %d SMs  %.1f GB (%.1f GB free)  mapped host memory: %s  fasa kernels: %s\n",
+                   dev[i].index, dev[i].name, dev[i].cc_major, dev[i].cc_minor, dev[i].n_sm, dev[i].mem_total / 1e9,
+                   dev[i].mem_free / 1e9, dev[i].can_map_host ? "yes" : "no",
+                   dev[i].has_kernels ? "yes" : "no (built for sm_80 and sm_90)");
+    }
+    return fflush(stdout) == 0 ? 0 : die("cannot write to standard output");
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -364,9 +408,10 @@ int cmd_inspect(int argc, char **argv)
         { "marks", no_argument, 0, 'N' }, { "compare", required_argument, 0, 'C' },
         { "export", required_argument, 0, 'e' }, { "output", required_argument, 0, 'o' },
         { "type", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
+        { "devices", no_argument, 0, 'D' },
         { 0, 0, 0, 0 },
     };
-    int all = 0, c;
+    int all = 0, devices = 0, c;
     const char *profile_flag = NULL;
     profile_opts po = { 0 };
     optind = 1;
@@ -383,9 +428,14 @@ int cmd_inspect(int argc, char **argv)
         case 'e': po.export_kind = optarg, profile_flag = "--export"; break;
         case 'o': po.output = optarg, profile_flag = "-o"; break;
         case 't': po.type = optarg, profile_flag = "--type"; break;
+        case 'D': devices = 1; break;
         case 'h': fputs(usage_text, stdout); return 0;
         default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
+    }
+    if (devices) {
+        if (optind != argc || all || profile_flag) return die_usage("--devices takes no model, profile or other option but --json");
+        return inspect_devices(po.json);
     }
     if (optind != argc - 1) {
         fputs(usage_text, stderr);

@@ -10,6 +10,7 @@
 
 #include "attention.h"
 #include "cmd.h"
+#include "kernels/fasa_cuda.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -40,6 +41,7 @@ static const char usage_text[] =
     "      --ctx N           context size (default: prompt + N, at most the model's)\n"
     "      --ignore-eos      keep generating after end-of-turn\n"
     "  -t, --threads N       threads (default: all cores)\n"
+    "      --device DEV      cpu (default), or cuda: the decode step's attention on a CUDA device\n"
     "      --ids FILE        prompt as whitespace-separated token ids instead of text\n"
     "      --print-ids       print generated token ids instead of text\n"
     "      --dump-logits F   write every prompt position's logits to F (raw float32, n x vocab)\n"
@@ -48,7 +50,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -62,7 +64,7 @@ static const struct option long_opts[] = {
     { "json", no_argument, 0, OPT_JSON },        { "help", no_argument, 0, 'h' },
     { "profile", required_argument, 0, 'p' },   { "budget", required_argument, 0, OPT_BUDGET },
     { "fcs", required_argument, 0, OPT_FCS },    { "dense-layers", required_argument, 0, OPT_DENSE },
-    { "group", no_argument, 0, OPT_GROUP },
+    { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { 0, 0, 0, 0 },
 };
 
@@ -106,12 +108,28 @@ static int read_ids(const char *path, int32_t **out, int n_vocab)
     return n;
 }
 
+/* --device cuda. The kernels (kernels/fasa_cuda.h, fasa_cuda_attend) can take over the decode
+ * step's dense and focused attention, but lib/forward.c has no attention hook to call them from
+ * yet, so nothing would run on the device: say what was found, and stop rather than pretend. */
+static int run_device_cuda(void)
+{
+    char err[FASA_ERRLEN];
+    fasa_cuda_device dev;
+    if (fasa_cuda_devices(&dev, 1, err) < 0) return die("--device cuda: %s", err);
+    if (!dev.has_kernels)
+        return die("--device cuda: '%s' has compute capability %d.%d; fasa's kernels are built for sm_80 and sm_90",
+                   dev.name, dev.cc_major, dev.cc_minor);
+    return die("--device cuda: found '%s' (compute %d.%d), but the forward pass (lib/forward.c) has no attention "
+               "hook to hand its decode attention to the kernels yet; nothing has run on it; use --device cpu",
+               dev.name, dev.cc_major, dev.cc_minor);
+}
+
 int cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
     const char *mode = NULL, *prof_path = NULL;
     long budget = 256, fcs = 0, dense_layers = 1;
-    int group = 0;
+    int group = 0, on_cuda = 0;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
     int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
@@ -131,6 +149,10 @@ int cmd_run(int argc, char **argv)
         case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return EXIT_USAGE; break;
         case OPT_GROUP: group = 1; break;
+        case OPT_DEVICE:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
+            on_cuda = !strcmp(optarg, "cuda");
+            break;
         case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return EXIT_USAGE; break;
         case OPT_TEMP: if (parse_float("--temp", optarg, 0, 100, &temp)) return EXIT_USAGE; break;
         case OPT_TOPK: if (parse_int("--top-k", optarg, 0, 1 << 24, &top_k)) return EXIT_USAGE; break;
@@ -154,6 +176,7 @@ int cmd_run(int argc, char **argv)
     if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;
     if (rest > 1) return die_usage("too many arguments; see 'fasa run --help'");
     if (rest == 1) prompt = argv[optind];
+    if (on_cuda) return run_device_cuda();   /* after the usage checks, before any model is looked for */
     if (!model_path && !(model_path = default_model_path()))
         return die_usage("no model given and no default model installed (run scripts/setup.sh)");
     if (threads) omp_set_num_threads((int)threads);

@@ -16,7 +16,8 @@ static int count_devices(char *err)
         /* no driver, no device, or a driver older than this runtime: all mean "nothing to run on" */
         const char *why = cudaGetErrorString(e);
         cudaGetLastError();   /* clear the error */
-        return fasa_error(err, FASA_EUNSUPPORTED, "no CUDA device (cudaGetDeviceCount: %s)", why);
+        return fasa_error(err, FASA_EUNSUPPORTED, "no CUDA device (cudaGetDeviceCount: %s%s)", why,
+                          e == cudaErrorInsufficientDriver ? ": no NVIDIA driver is loaded, or it is older than this CUDA runtime" : "");
     }
     if (n == 0) return fasa_error(err, FASA_EUNSUPPORTED, "no CUDA device");
     return n;
@@ -40,6 +41,7 @@ extern "C" int fasa_cuda_devices(fasa_cuda_device *dev, int max, char *err)
         d->cc_minor = p.minor;
         d->n_sm = p.multiProcessorCount;
         d->can_map_host = p.canMapHostMemory;
+        d->has_kernels = p.major == 8 || (p.major == 9 && p.minor == 0);   /* CUDA_ARCHS in the Makefile */
         size_t free_b = 0, total_b = 0;
         /* free memory needs a context on that device; report 0 when one cannot be made */
         if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)

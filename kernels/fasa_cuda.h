@@ -37,6 +37,7 @@ typedef struct fasa_cuda_device {
     int cc_major, cc_minor;       /* compute capability */
     int n_sm;
     int can_map_host;             /* zero-copy reads of pinned host memory (FASA-M fetch) */
+    int has_kernels;              /* fasa's kernels are built for it: sm_80 runs on 8.x, sm_90 on 9.0 */
 } fasa_cuda_device;
 
 /* 1 when built with CUDA (make CUDA=1). */
