@@ -130,7 +130,7 @@ fuzz-seeds: $(FUZZ_BUILD)/make_seeds
 fuzz: fuzz-build fuzz-seeds
 	@for t in $(FUZZ_TARGETS); do $(MAKE) --no-print-directory fuzz-run-$$t || exit 1; done
 
-fuzz-run-%: $(FUZZ_BUILD)/fuzz_% $(FUZZ_BUILD)/seeds
+$(FUZZ_TARGETS:%=fuzz-run-%): fuzz-run-%: $(FUZZ_BUILD)/fuzz_% $(FUZZ_BUILD)/seeds
 	@mkdir -p $(FUZZ_BUILD)/corpus/$* $(FUZZ_BUILD)/artifacts/$*
 	$(FUZZ_BUILD)/fuzz_$* $(FUZZ_FLAGS) -max_len=$(FUZZ_MAXLEN_$*) -dict=$(FUZZ_DICT_$*) \
 	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$*/ $(FUZZ_BUILD)/corpus/$* $(FUZZ_BUILD)/seeds/$*

@@ -52,6 +52,10 @@ int model_config_check(const model_config *c, const char *where, char *err)
                           where, c->n_head, c->n_kv_head);
     if (c->d_head % 2 || c->d_head > 1024)
         return fasa_error(err, FASA_EFORMAT, "'%s': head dim %d must be even and <= 1024", where, c->d_head);
+    /* q/k/v widths and per-(layer, KV head) table sizes are ints; n_kv_head <= n_head here. */
+    if ((int64_t)c->n_head * c->d_head > MODEL_MAX_ATTN_WIDTH)
+        return fasa_error(err, FASA_EFORMAT, "'%s': %d heads of dim %d exceed the attention width limit of %d",
+                          where, c->n_head, c->d_head, MODEL_MAX_ATTN_WIDTH);
     if (!(c->rope_theta > 0) || !(c->norm_eps > 0))
         return fasa_error(err, FASA_EFORMAT, "'%s': rope theta and norm eps must be positive", where);
     if (c->rope_scaling != ROPE_SCALING_NONE && !(c->rope_factor > 0))

