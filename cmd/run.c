@@ -178,7 +178,8 @@ int cmd_run(int argc, char **argv)
     if (rest == 1) prompt = argv[optind];
     if (on_cuda) return run_device_cuda();   /* after the usage checks, before any model is looked for */
     if (!model_path && !(model_path = default_model_path()))
-        return die_usage("no model given and no default model installed (run scripts/setup.sh)");
+        return die_usage("no model given and no default model found: give MODEL or set FASA_MODEL "
+                         "(scripts/setup.sh installs one)");
     if (threads) omp_set_num_threads((int)threads);
 
     char err[FASA_ERRLEN];
