@@ -74,12 +74,13 @@ _fasa()
     run)
         opts="--model --mode --profile --budget --fcs --dense-layers --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
-              --print-ids --dump-logits --json --help"
+              --print-ids --dump-logits --json --device --help"
         argopts="-m --model --mode -p --profile --budget --fcs --dense-layers -n --n-predict --temp --top-k
-                 --top-p --seed --system --ctx -t --threads --ids --dump-logits"
+                 --top-p --seed --system --ctx -t --threads --ids --dump-logits --device"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
         --mode) COMPREPLY=( $(compgen -W "full fasa-c" -- "$cur") ); return 0 ;;
+        --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --ids|--dump-logits) _fasa_files "$cur"; return 0 ;;
         --budget|--fcs|--dense-layers|-n|--n-predict|--temp|--top-k|--top-p|--seed|--system|--ctx|-t|--threads)
@@ -96,7 +97,7 @@ _fasa()
         esac
         ;;
     inspect)
-        opts="--tensors --json --k --fcs --csv --heatmap --marks --compare --export --output --type --help"
+        opts="--tensors --json --k --fcs --csv --heatmap --marks --compare --export --output --type --devices --help"
         argopts="--k --fcs --csv --heatmap --compare --export -o --output --type"
         case $prev in
         --compare) _fasa_profiles "$cur"; return 0 ;;
