@@ -30,7 +30,7 @@ static const char usage_text[] =
     "      --task T          ca: compound contextual agreement per K; ppl: perplexity after a\n"
     "                        dense prefill of C - M tokens and M decode steps under the policy;\n"
     "                        passkey: retrieval of a key hidden at a depth in filler text\n"
-    "      --policy LIST     full, fasa, fasa-1/8, fasa-1/4, fasa:F, fasa-group, fasa-nodense,\n"
+    "      --policy LIST     full, fasa, fasa-1/8, fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense,\n"
     "                        oracle, stream, snapkv, h2o, quest, random (default per task)\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024)\n"
     "      --k LIST          K values (ca; default 64,256,512,768,1024,2048)\n"

@@ -22,13 +22,20 @@ static const char usage_text[] =
     "Tokens stream to stdout; speed figures go to stderr.\n"
     "\n"
     "  -m, --model PATH      model (instead of the first argument)\n"
-    "      --mode MODE       attention: full, or fasa-c (FASA over the whole cache); the default is\n"
-    "                        fasa-c when MODEL has a profile (fasa calibrate), else full\n"
+    "      --mode MODE       attention: full; fasa-c (FASA over the whole cache); or fasa-m (only\n"
+    "                        the dominant key dims in memory, the rest of the cache in a file read\n"
+    "                        for the chosen tokens). The default is fasa-c when MODEL has a\n"
+    "                        profile (fasa calibrate), else full\n"
     "  -p, --profile FILE    calibration profile (default: MODEL's .profile.json when present)\n"
     "      --budget N        fasa: tokens attended per query (default 256)\n"
     "      --fcs F           fasa: dominant frequency chunks per head (default: the profile's)\n"
     "      --dense-layers N  fasa: first N layers attend densely (default 1)\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
+    "      --per-head        fasa-c: each head scores its own top F chunks, gathered from whole\n"
+    "                        key rows (default: its KV group's top F chunks, which the cache keeps\n"
+    "                        as one contiguous block per key, so TIP reads only that block)\n"
+    "      --kv-cold DIR     fasa-m: directory for the cold tier's file (default: $TMPDIR or /tmp);\n"
+    "                        the file is unlinked as soon as it is open\n"
     "  -n, --n-predict N     tokens to generate (default 256; 0: prompt only)\n"
     "      --temp T          temperature (default 0: greedy)\n"
     "      --top-k K         keep the K most likely tokens (default 0: off)\n"
@@ -50,7 +57,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -65,6 +72,7 @@ static const struct option long_opts[] = {
     { "profile", required_argument, 0, 'p' },   { "budget", required_argument, 0, OPT_BUDGET },
     { "fcs", required_argument, 0, OPT_FCS },    { "dense-layers", required_argument, 0, OPT_DENSE },
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
+    { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
     { 0, 0, 0, 0 },
 };
 
@@ -129,7 +137,8 @@ int cmd_run(int argc, char **argv)
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
     const char *mode = NULL, *prof_path = NULL;
     long budget = 256, fcs = 0, dense_layers = 1;
-    int group = 0, on_cuda = 0;
+    int group = 0, on_cuda = 0, per_head = 0;
+    const char *kv_cold = NULL;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
     int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
@@ -138,10 +147,8 @@ int cmd_run(int argc, char **argv)
         switch (c) {
         case 'm': model_path = optarg; break;
         case OPT_MODE:
-            if (!strcmp(optarg, "fasa-m"))
-                return die("--mode fasa-m: the cold-tier KV store is not built yet; use fasa-c");
-            if (strcmp(optarg, "full") && strcmp(optarg, "fasa-c") && strcmp(optarg, "fasa"))
-                return die_usage("--mode '%s' is not one of full, fasa-c", optarg);
+            if (strcmp(optarg, "full") && strcmp(optarg, "fasa-c") && strcmp(optarg, "fasa-m") && strcmp(optarg, "fasa"))
+                return die_usage("--mode '%s' is not one of full, fasa-c, fasa-m", optarg);
             mode = optarg;
             break;
         case 'p': prof_path = optarg; break;
@@ -149,6 +156,8 @@ int cmd_run(int argc, char **argv)
         case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return EXIT_USAGE; break;
         case OPT_GROUP: group = 1; break;
+        case OPT_PER_HEAD: per_head = 1; break;
+        case OPT_KV_COLD: kv_cold = optarg; break;
         case OPT_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
             on_cuda = !strcmp(optarg, "cuda");
@@ -198,10 +207,15 @@ int cmd_run(int argc, char **argv)
     /* FASA: on by default when the model has a profile. */
     profile prof = { 0 };
     policy pol = { 0 };
+    kv_opts kvo = { 0 };
     int fasa = 0;
     char defp[4096], mode_note[4600] = "full attention";
     if (!prof_path && (!mode || strcmp(mode, "full"))) {
         if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
+    }
+    if (kv_cold && (!mode || strcmp(mode, "fasa-m"))) {
+        status = die_usage("--kv-cold is for --mode fasa-m");
+        goto out;
     }
     if (mode && strcmp(mode, "full") && !prof_path) {
         status = die_usage("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);
@@ -217,15 +231,33 @@ int cmd_run(int argc, char **argv)
         po.fcs = fcs ? (int)fcs : prof.fcs;
         po.n_dense_layers = (int)dense_layers;
         po.group = group;
+        /* Split keys: the group's top F chunks first in every key, stored as their own block. */
+        const int fasa_m = mode && !strcmp(mode, "fasa-m");
+        if (!per_head && prof.chunks == CHUNKS_PLANE && po.fcs >= 1 && 2 * po.fcs < cfg->d_head) {
+            if (model_rank_chunks(m, &prof, err) < 0) { die("%s", err); goto out; }
+            po.block = !group;
+            kvo.n_split = 2 * po.fcs;
+        } else if (fasa_m) {
+            status = die_usage("--mode fasa-m keeps a contiguous block of dominant key dims: it needs a profile of "
+                               "RoPE-plane chunks and no --per-head, and F below %d", cfg->d_head / 2);
+            goto out;
+        }
+        if (fasa_m) {
+            kvo.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        } else if (kv_cold) {
+            status = die_usage("--kv-cold is for --mode fasa-m");
+            goto out;
+        }
         int rc = policy_init(&pol, m, &po, err);
         if (rc < 0) {   /* FASA_EARG: a flag outside what this model allows (--fcs) */
             status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
             goto out;
         }
         fasa = 1;
-        snprintf(mode_note, sizeof mode_note, "fasa-c (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s)",
-                 prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers, dense_layers == 1 ? "" : "s",
-                 group ? ", per-KV-head selection" : "");
+        snprintf(mode_note, sizeof mode_note, "%s (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s%s)",
+                 fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers,
+                 dense_layers == 1 ? "" : "s", group ? ", per-KV-head selection" : "",
+                 kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
     } else if (!mode) {
         snprintf(mode_note, sizeof mode_note, "full attention (no profile: 'fasa calibrate %s' enables fasa-c)", model_path);
     }
@@ -269,7 +301,7 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "fasa: warning: %ld tokens exceed the model's training context (%d)\n", n_ctx, cfg->n_ctx_train);
 
     const int n_batch = 64;
-    run_state *s = run_state_new(m, (int)n_ctx, n_batch, err);
+    run_state *s = run_state_new_kv(m, (int)n_ctx, n_batch, &kvo, err);
     if (!s) { die("%s", err); goto out; }
     if (fasa) {
         s->policy = &pol;
@@ -346,6 +378,10 @@ int cmd_run(int argc, char **argv)
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
             "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
             m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), mode_note);
+    if (s->kv.cold)
+        fprintf(stderr, "fasa: KV cache of %d tokens: %.2f MB resident (dominant key block), %.2f MB in the cold tier, of %.2f MB\n",
+                s->n_past, kvcache_resident_bytes(&s->kv, s->n_past) / 1e6, kvcache_cold_bytes(&s->kv, s->n_past) / 1e6,
+                kvcache_bytes(&s->kv, s->n_past) / 1e6);
     if (json) {
         cJSON *o = cJSON_CreateObject();
         if (out_text) jtext = cJSON_AddStringToObject(o, "text", (out_text[text_len] = 0, out_text));

@@ -56,7 +56,7 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             profile_chunk_dims(m, l, g, def, dims);
             int16_t chosen[512];
             if (o->kind == POLICY_FASA) {
-                const int16_t *r = o->group ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
+                const int16_t *r = o->group || o->block ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
                 memcpy(chosen, r, sizeof(int16_t) * o->fcs);
             } else {
                 /* F distinct chunks drawn uniformly (partial Fisher-Yates) */
@@ -94,12 +94,13 @@ int policy_stats_flags(const policy *p)
 /* ---------------------------------------------------------------- selection */
 
 /* TIP: partial scores over the dominant dims only (2F values of each key). */
-static void tip_scores(float *S, const float *q, const float *K, int t, int d, const int16_t *dom, int n_dom, int add)
+static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g, int t, const int16_t *dom,
+                       int n_dom, int add)
 {
-    float qd[1024];
+    float qd[1024], row[1024];
     for (int j = 0; j < n_dom; j++) qd[j] = q[dom[j]];
     for (int i = 0; i < t; i++) {
-        const float *k = K + (size_t)i * d;
+        const float *k = kvcache_key_row(kv, l, g, i, row);
         float acc = 0;
         for (int j = 0; j < n_dom; j++) acc += qd[j] * k[dom[j]];
         S[i] = add ? S[i] + acc : acc;
@@ -123,19 +124,41 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const float *q = q_tok + (size_t)head * d;
     float *S = sc->score;
 
+    const int ns = s->kv.n_split;
     switch (o->kind) {
     case POLICY_FASA:
+        if (ns && ns == p->n_dom && (o->block || o->group)) {
+            /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
+             * streams it (the group's dims for every head of the group) */
+            if (o->group) {
+                ops_attn_scores(S, q_tok + (size_t)g * group * d, K, t, ns, 1.0f);
+                float *tmp = (float *)sc->sel;
+                for (int h = g * group + 1; h < (g + 1) * group; h++) {
+                    ops_attn_scores(tmp, q_tok + (size_t)h * d, K, t, ns, 1.0f);
+                    for (int i = 0; i < t; i++) S[i] += tmp[i];
+                }
+            } else {
+                ops_attn_scores(S, q, K, t, ns, 1.0f);
+            }
+            break;
+        }
+        /* fall through */
     case POLICY_RANDOM:
         if (o->group && o->kind == POLICY_FASA) {
             const int16_t *dom = p->dom + ((size_t)layer * c->n_head + g * group) * p->n_dom;
             for (int h = g * group; h < (g + 1) * group; h++)
-                tip_scores(S, q_tok + (size_t)h * d, K, t, d, dom, p->n_dom, h > g * group);
+                tip_scores(S, q_tok + (size_t)h * d, &s->kv, layer, g, t, dom, p->n_dom, h > g * group);
         } else {
-            tip_scores(S, q, K, t, d, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
+            tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
         }
         break;
     case POLICY_ORACLE:
-        for (int i = 0; i < t; i++) S[i] = ops_dot(q, K + (size_t)i * d, d);
+        ops_attn_scores(S, q, K, t, ns ? ns : d, 1.0f);
+        if (ns) {
+            float *tmp = (float *)sc->sel;
+            ops_attn_scores(tmp, q + ns, kvcache_kr(&s->kv, layer, g), t, d - ns, 1.0f);
+            for (int i = 0; i < t; i++) S[i] += tmp[i];
+        }
         break;
     case POLICY_STREAM:
         for (int i = 0; i < t; i++) S[i] = (float)i;
@@ -232,18 +255,20 @@ void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cach
     const int d = st->d, P = st->page, stride = st->n_ctx / P + 1;
     for (int g = 0; g < st->n_kv; g++) {
         int *done = &st->pages_done[(size_t)layer * st->n_kv + g];
-        const float *K = kvcache_k(&s->kv, layer, g);
+        float row[1024];
         float *mn = st->page_min + ((size_t)layer * st->n_kv + g) * stride * d;
         float *mx = st->page_max + ((size_t)layer * st->n_kv + g) * stride * d;
         for (; (*done + 1) * P <= n_cached; (*done)++) {
             float *a = mn + (size_t)*done * d, *b = mx + (size_t)*done * d;
             for (int j = 0; j < d; j++) a[j] = FLT_MAX, b[j] = -FLT_MAX;
-            for (int i = *done * P; i < (*done + 1) * P; i++)
+            for (int i = *done * P; i < (*done + 1) * P; i++) {
+                const float *k = kvcache_key_row(&s->kv, layer, g, i, row);
                 for (int j = 0; j < d; j++) {
-                    float v = K[(size_t)i * d + j];
+                    float v = k[j];
                     a[j] = fminf(a[j], v);
                     b[j] = fmaxf(b[j], v);
                 }
+            }
         }
     }
 }

@@ -34,6 +34,8 @@ typedef struct policy_opts {
     int n_dense_layers;      /* layers 0..n-1 always attend densely */
     int n_sink, n_recent;    /* tokens always kept (fasa: 0, 0; stream: sink 4, recent N - 4) */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
+    int block;               /* fasa: every head scores its group's top F chunks (the dims split
+                              * keys keep contiguous), selecting per head */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */

@@ -18,7 +18,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", spec);
     const int nc = m->cfg.d_head / 2;
-    int fcs = prof ? prof->fcs : nc / 4, group = 0, dense = 1;
+    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1;
     char *colon = strchr(base, ':');
     if (colon) {
         char *end;
@@ -32,6 +32,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (!strcmp(dash, "-1/8")) fcs = nc / 8;
         else if (!strcmp(dash, "-1/4")) fcs = nc / 4;
         else if (!strcmp(dash, "-group")) group = 1;
+        else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
         else return fasa_error(err, FASA_EARG, "unknown policy variant '%s' in '%s'", dash, spec);
@@ -43,6 +44,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o = policy_defaults(k, m, 1);
     out->o.fcs = fcs < 1 ? 1 : fcs;
     out->o.group = group;
+    out->o.block = block;
     out->o.n_dense_layers = dense;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);

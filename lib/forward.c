@@ -9,6 +9,11 @@
 
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
 {
+    return run_state_new_kv(m, n_ctx, n_batch, NULL, err);
+}
+
+run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opts *ko, char *err)
+{
     const model_config *c = &m->cfg;
     if (n_ctx < 1 || n_batch < 1) {
         fasa_error(err, FASA_EARG, "context and batch sizes must be positive");
@@ -35,13 +40,14 @@ run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
     s->sel_score = malloc(tn * sizeof *s->sel_score);
     s->sel_keys = malloc(tn * sizeof *s->sel_keys);
     s->bytes_kv = calloc((size_t)s->n_threads * 8, sizeof *s->bytes_kv);
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
+    s->krow = malloc(c->d_head * sizeof(float));
+    if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
         run_state_free(s);
         fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx);
         return NULL;
     }
-    if (kvcache_init(&s->kv, c->n_layer, c->n_kv_head, n_ctx, c->d_head, err) < 0) {
+    if (kvcache_init(&s->kv, c->n_layer, c->n_kv_head, n_ctx, c->d_head, ko, err) < 0) {
         run_state_free(s);
         return NULL;
     }
@@ -54,7 +60,7 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
-    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow);
     free(s);
 }
 
@@ -92,23 +98,26 @@ static void add_bias(float *x, const float *b, int n, int width)
         for (int j = 0; j < width; j++) x[(size_t)i * width + j] += b[j];
 }
 
-/* Exact attention of one query over cached positions 0..pos of one KV head; leaves the softmax
- * weights in scores. */
-static void attend(float *out, const float *q, const float *K, const float *V, int pos, int d,
-                   float *scores)
+/* Exact attention of one query over the cached positions idx[0..n) (idx NULL: 0..n-1) of one KV
+ * head; leaves the softmax weights in scores. With split keys the score is the dominant block's
+ * dot product plus the rest's (tmp: n floats). */
+static void attend(float *out, const float *q, const kvcache *kv, int l, int g, const int32_t *idx, int n,
+                   float *scores, float *tmp)
 {
-    ops_attn_scores(scores, q, K, pos + 1, d, 1.0f / sqrtf((float)d));
-    ops_softmax(scores, pos + 1);
-    ops_attn_accum(out, scores, V, pos + 1, d);
-}
-
-/* Focused attention: the same, over the selected positions idx[0..n) only. */
-static void attend_sparse(float *out, const float *q, const float *K, const float *V, const int32_t *idx,
-                          int n, int d, float *scores)
-{
-    ops_attn_scores_idx(scores, q, K, idx, n, d, 1.0f / sqrtf((float)d));
+    const int d = kv->d_head, s = kv->n_split;
+    const float scale = 1.0f / sqrtf((float)d);
+    const float *K = kvcache_k(kv, l, g), *V = kvcache_v(kv, l, g);
+    if (idx) ops_attn_scores_idx(scores, q, K, idx, n, kvcache_kw(kv), scale);
+    else ops_attn_scores(scores, q, K, n, kvcache_kw(kv), scale);
+    if (s) {
+        const float *R = kvcache_kr(kv, l, g);
+        if (idx) ops_attn_scores_idx(tmp, q + s, R, idx, n, d - s, scale);
+        else ops_attn_scores(tmp, q + s, R, n, d - s, scale);
+        for (int i = 0; i < n; i++) scores[i] += tmp[i];
+    }
     ops_softmax(scores, n);
-    ops_attn_accum_idx(out, scores, V, idx, n, d);
+    if (idx) ops_attn_accum_idx(out, scores, V, idx, n, d);
+    else ops_attn_accum(out, scores, V, n, d);
 }
 
 /* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
@@ -156,8 +165,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 const size_t tab = (size_t)l * G + g;
                 const int16_t *src = m->rope_src + tab * dh;
                 const float *freq = m->rope_freq + tab * (dh / 2);
-                rope_gather(kvcache_k(&s->kv, l, g) + (size_t)pos * dh, s->k + (size_t)i * kvd + g * dh,
-                            src, freq, dh, pos);
+                rope_gather(s->krow, s->k + (size_t)i * kvd + g * dh, src, freq, dh, pos);
+                kvcache_put_key(&s->kv, l, g, pos, s->krow);
                 memcpy(kvcache_v(&s->kv, l, g) + (size_t)pos * dh, s->v + (size_t)i * kvd + g * dh,
                        dh * sizeof(float));
                 for (int h = g * group; h < (g + 1) * group; h++)
@@ -173,7 +182,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             const float *q = s->q + (size_t)i * qd + h * dh;
             float *scores = s->scores + (size_t)tid * s->n_ctx;
             float *out = s->att_out + (size_t)i * qd + h * dh;
-            const float *K = kvcache_k(&s->kv, l, g), *V = kvcache_v(&s->kv, l, g);
             if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
             int n_sel = -1;
             int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
@@ -184,11 +192,11 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 if (n_sel >= 0) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
             }
             if (n_sel < 0) {
-                attend(out, q, K, V, pos, dh, scores);
+                attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
                 s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * sizeof(float);
                 if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
             } else {
-                attend_sparse(out, q, K, V, idx, n_sel, dh, scores);
+                attend(out, q, &s->kv, l, g, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
                 s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * sizeof(float);
                 if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, n_sel);
             }

@@ -132,9 +132,12 @@ typedef struct run_state {
     float *sel_score;            /* (n_threads, n_ctx) */
     uint64_t *sel_keys;          /* (n_threads, n_ctx) */
     uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes read by attention (incl. selection) */
+    float *krow;                 /* (d_head) a rotated key on its way into the cache */
 } run_state;
 
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err);
+/* The same with a KV cache laid out as ko says (split keys, a cold tier; NULL: whole rows). */
+run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opts *ko, char *err);
 void run_state_free(run_state *s);
 void run_state_reset(run_state *s);
 uint64_t run_state_kv_bytes_read(const run_state *s);   /* summed over threads since the last reset */

@@ -126,6 +126,30 @@ void profile_chunk_dims(const model *m, int layer, int kv_head, enum chunk_def d
     }
 }
 
+int model_rank_chunks(model *m, const profile *p, char *err)
+{
+    const int d = m->cfg.d_head, half = d / 2;
+    if (p->chunks != CHUNKS_PLANE)
+        return fasa_error(err, FASA_EARG, "only a profile of RoPE-plane chunks can order the key cache (this one has adjacent chunks)");
+    int16_t dims[1024], src[1024];
+    float freq[512];
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int g = 0; g < m->cfg.n_kv_head; g++) {
+            profile_chunk_dims(m, l, g, CHUNKS_PLANE, dims);
+            const int16_t *r = profile_group_rank(p, l, g);
+            int16_t *ms = m->rope_src + ((size_t)l * m->cfg.n_kv_head + g) * d;
+            float *mf = m->rope_freq + ((size_t)l * m->cfg.n_kv_head + g) * half;
+            for (int j = 0; j < half; j++) {
+                const int pair = dims[2 * r[j]] / 2;   /* a plane chunk is one canonical pair */
+                src[2 * j] = ms[dims[2 * r[j]]], src[2 * j + 1] = ms[dims[2 * r[j] + 1]];
+                freq[j] = mf[pair];
+            }
+            memcpy(ms, src, sizeof(int16_t) * d);
+            memcpy(mf, freq, sizeof(float) * half);
+        }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- JSON out */
 
 static cJSON *num6(double v)

@@ -92,4 +92,10 @@ uint64_t profile_model_hash(const struct model *m);
  * dims[2j], dims[2j+1]. */
 void profile_chunk_dims(const struct model *m, int layer, int kv_head, enum chunk_def def, int16_t *dims);
 
+/* Puts every KV head's frequency chunks into canonical positions in the order of the profile's
+ * group ranking (RoPE-plane profiles only), so the group's top F chunks become dims [0, 2F) of
+ * every cached key: the layout split keys need. Attention's results do not change (up to the
+ * order of a float sum). Call after profile_check_model; the model's weights are untouched. */
+int model_rank_chunks(struct model *m, const profile *p, char *err);
+
 #endif

@@ -39,10 +39,11 @@ static void env_close(env *e)
 }
 
 /* Logits of decode steps P..n-1 after a dense prefill of P, under a policy (NULL: full). */
-static float *decode_logits(env *e, const policy *pol, int P, int n, int batch)
+static float *decode_logits_kv(env *e, const policy *pol, int P, int n, int batch, const kv_opts *ko)
 {
     char err[FASA_ERRLEN];
-    run_state *s = run_state_new(e->m, n, 64, err);
+    run_state *s = run_state_new_kv(e->m, n, 64, ko, err);
+    cr_assert_not_null(s, "%s", err);
     const int V = e->m->cfg.n_vocab;
     for (int i = 0; i < P; i += 64) cr_assert_eq(model_forward(e->m, s, e->ids + i, P - i < 64 ? P - i : 64, 0, err), 0);
     s->policy = pol;
@@ -55,6 +56,72 @@ static float *decode_logits(env *e, const policy *pol, int P, int n, int batch)
     }
     run_state_free(s);
     return out;
+}
+
+static float *decode_logits(env *e, const policy *pol, int P, int n, int batch)
+{
+    return decode_logits_kv(e, pol, P, n, batch, NULL);
+}
+
+static double max_rel(const float *a, const float *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
+    return md / mr;
+}
+
+/* Split keys (the group's top chunks as one block) and FASA-M's cold tier change where keys live,
+ * not what attention computes. */
+Test(attention, split_keys_and_cold_tier, .timeout = 60)
+{
+    env e;
+    env_open(&e, 43);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab, n = 40;
+    const int d = e.m->cfg.d_head;
+    float *before = decode_logits(&e, NULL, 200, 240, 1);
+    /* chunks in group-rank order: full attention is unchanged up to float summation order */
+    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    float *ranked = decode_logits(&e, NULL, 200, 240, 1);
+    cr_expect_leq(max_rel(ranked, before, n * V), 1e-5, "ranking the chunks changed full attention");
+    kv_opts split = { .n_split = 4 }, cold = { .n_split = 4, .cold_dir = e.dir };
+    float *full_split = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
+    cr_expect_leq(max_rel(full_split, before, n * V), 1e-5, "split keys changed full attention");
+    /* the group's chunks from the block equal the same dims gathered from whole rows */
+    policy pol;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 0, o.block = 1;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    for (int l = 0; l < e.m->cfg.n_layer; l++)
+        for (int h = 0; h < e.m->cfg.n_head; h++)
+            for (int j = 0; j < 4; j++) cr_expect_eq(pol.dom[((size_t)l * e.m->cfg.n_head + h) * 4 + j], j);
+    float *gathered = decode_logits(&e, &pol, 200, 240, 1);
+    float *block = decode_logits_kv(&e, &pol, 200, 240, 1, &split);
+    cr_expect_leq(max_rel(block, gathered, n * V), 1e-5, "TIP over the block differs from the gathered dims");
+    cr_expect_gt(max_rel(block, full_split, n * V), 1e-4, "budget 24 should change the output");
+    /* the cold tier: same numbers bit for bit, 1/(2d/n_split) of the bytes resident, no file left */
+    float *m_cold = decode_logits_kv(&e, &pol, 200, 240, 1, &cold);
+    cr_expect_eq(memcmp(m_cold, block, sizeof(float) * n * V), 0, "fasa-m differs from fasa-c on split keys");
+    kvcache kv;
+    cr_assert_eq(kvcache_init(&kv, 2, 2, 100, d, &cold, err), 0, "%s", err);
+    cr_expect_eq(kvcache_resident_bytes(&kv, 100) * 2 * d, kvcache_bytes(&kv, 100) * 4);
+    cr_expect_eq(kvcache_resident_bytes(&kv, 100) + kvcache_cold_bytes(&kv, 100), kvcache_bytes(&kv, 100));
+    kvcache_free(&kv);
+    int files = 0;
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", e.dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(fscanf(p, "%d", &files) == 1);
+    pclose(p);
+    cr_expect_eq(files, 1, "the cold tier left a file behind (%d entries)", files);
+    /* bad layouts are refused with a message */
+    cr_expect_lt(kvcache_init(&kv, 2, 2, 100, d, &(kv_opts){ .n_split = 3 }, err), 0);
+    cr_expect_lt(kvcache_init(&kv, 2, 2, 100, d, &(kv_opts){ .cold_dir = e.dir }, err), 0);
+    cr_expect_lt(kvcache_init(&kv, 2, 2, 100, d, &(kv_opts){ .n_split = 4, .cold_dir = "/nonexistent/dir" }, err), 0);
+    cr_expect(strstr(err, "/nonexistent/dir") != NULL, "%s", err);
+    policy_free(&pol);
+    free(before); free(ranked); free(full_split); free(gathered); free(block); free(m_cold);
+    env_close(&e);
 }
 
 Test(attention, fasa_with_budget_over_context_equals_full_exactly)
