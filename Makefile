@@ -82,7 +82,9 @@ FUZZ_CFLAGS  := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -f
                 $(shell pkg-config --cflags libcjson libarchive libpcre2-8 stb) \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB     := $(FUZZ_BUILD)/libfasa.a
-FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o)
+# CUDA's stub (when it exists) stands in for kernels/: fuzz builds never link CUDA.
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/%.o) $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard kernels/fasa_cuda_stub.c))
+FUZZ_LDLIBS  := $(shell pkg-config --libs libcjson libarchive libpcre2-8 libxxhash) -lm -fopenmp
 FUZZ_FIX_OBJ := $(FUZZ_BUILD)/tests/fixtures.o
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%) $(FUZZ_BUILD)/make_seeds
 # Largest input per target: a few times the largest seed of that target.
@@ -117,10 +119,10 @@ $(FUZZ_BUILD)/fuzz_safetensors: $(FUZZ_BUILD)/fuzz/fuzz_safetensors.o
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@
 
 $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/fuzz/fuzz_%.o $(FUZZ_FIX_OBJ) $(FUZZ_LIB)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ $(LDLIBS) -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ $(FUZZ_LDLIBS) -o $@
 
 $(FUZZ_BUILD)/make_seeds: $(FUZZ_BUILD)/fuzz/make_seeds.o $(FUZZ_FIX_OBJ) $(FUZZ_LIB)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $^ $(LDLIBS) -o $@
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $^ $(FUZZ_LDLIBS) -o $@
 
 fuzz-seeds: $(FUZZ_BUILD)/make_seeds
 	rm -rf $(FUZZ_BUILD)/seeds

@@ -239,6 +239,16 @@ static double json_num(const cJSON *o, const char *key, double def)
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
+/* A number read as an int (truncated, as a cast does); one outside the int range names itself in
+ * *bad (the first such key) and reads as def, since converting it would be undefined. */
+static int json_int(const cJSON *o, const char *key, int def, const char **bad)
+{
+    double v = json_num(o, key, def);
+    if (v > -2147483649.0 && v < 2147483648.0) return (int)v;
+    if (!*bad) *bad = key;
+    return def;
+}
+
 int model_config_parse(model_config *c, const char *json, size_t len, const char *path, char *err)
 {
     memset(c, 0, sizeof *c);
@@ -248,6 +258,7 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
         return fasa_error(err, FASA_EFORMAT, "'%s': not a JSON object", path);
     }
     int rc = 0;
+    const char *bad = NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     if (!strcmp(type, "llama")) c->arch = MODEL_ARCH_LLAMA;
@@ -255,16 +266,16 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
     else if (!strcmp(type, "qwen2")) c->arch = MODEL_ARCH_QWEN2, c->qkv_bias = 1;
     else { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
     c->layout = ROPE_LAYOUT_HF;
-    c->n_layer = (int)json_num(j, "num_hidden_layers", 0);
-    c->d_model = (int)json_num(j, "hidden_size", 0);
-    c->d_ff = (int)json_num(j, "intermediate_size", 0);
-    c->n_head = (int)json_num(j, "num_attention_heads", 0);
-    c->n_kv_head = (int)json_num(j, "num_key_value_heads", c->n_head);
+    c->n_layer = json_int(j, "num_hidden_layers", 0, &bad);
+    c->d_model = json_int(j, "hidden_size", 0, &bad);
+    c->d_ff = json_int(j, "intermediate_size", 0, &bad);
+    c->n_head = json_int(j, "num_attention_heads", 0, &bad);
+    c->n_kv_head = json_int(j, "num_key_value_heads", c->n_head, &bad);
     c->d_head = c->n_head > 0 ? c->d_model / c->n_head : 0;
     const cJSON *hd = cJSON_GetObjectItemCaseSensitive(j, "head_dim");
     if (cJSON_IsNumber(hd)) c->d_head = hd->valueint;
-    c->n_vocab = (int)json_num(j, "vocab_size", 0);
-    c->n_ctx_train = (int)json_num(j, "max_position_embeddings", 4096);
+    c->n_vocab = json_int(j, "vocab_size", 0, &bad);
+    c->n_ctx_train = json_int(j, "max_position_embeddings", 4096, &bad);
     c->norm_eps = (float)json_num(j, "rms_norm_eps", 1e-6);
     c->tied_embeddings = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings"));
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "attention_bias"))) c->qkv_bias = 1;
@@ -281,13 +292,14 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
             c->rope_scaling = ROPE_SCALING_LLAMA3;
             c->rope_low_freq_factor = (float)json_num(rs, "low_freq_factor", 1.0);
             c->rope_high_freq_factor = (float)json_num(rs, "high_freq_factor", 4.0);
-            c->rope_orig_ctx = (int)json_num(rs, "original_max_position_embeddings", 8192);
+            c->rope_orig_ctx = json_int(rs, "original_max_position_embeddings", 8192, &bad);
         } else if (!strcmp(rt, "linear")) {
             c->rope_scaling = ROPE_SCALING_LINEAR;
         } else if (strcmp(rt, "default")) {
             rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported rope scaling '%s'", path, rt);
         }
     }
+    if (rc == 0 && bad) rc = fasa_error(err, FASA_EFORMAT, "'%s': \"%s\" is out of range", path, bad);
 out:
     cJSON_Delete(j);
     return rc;

@@ -217,3 +217,31 @@ Test(model, rope_llama3_scaling_frequencies)
     cr_expect(fabs(th[63] - base63 / 8) < 1e-6 * base63, "th[63] = %g", th[63]);
     for (int j = 1; j < 64; j++) cr_expect_leq(th[j], th[j - 1]);
 }
+
+/* Found by fuzz_config: config.json numbers were cast to int unchecked, undefined for 1e300,
+ * -1e10 or 1e999 (inf); now the key is named in a format error. */
+Test(model, config_numbers_outside_int_are_errors)
+{
+    static const char *const cases[][2] = {
+        { "{\"model_type\":\"llama\",\"num_hidden_layers\":1e300}", "num_hidden_layers" },
+        { "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":1e999}", "hidden_size" },
+        { "{\"model_type\":\"qwen2\",\"vocab_size\":-1e10}", "vocab_size" },
+        { "{\"model_type\":\"llama\",\"max_position_embeddings\":2147483648}", "max_position_embeddings" },
+        { "{\"model_type\":\"llama\",\"rope_scaling\":{\"rope_type\":\"llama3\","
+          "\"original_max_position_embeddings\":4e9}}", "original_max_position_embeddings" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        model_config c;
+        char err[FASA_ERRLEN] = "";
+        int rc = model_config_parse(&c, cases[i][0], strlen(cases[i][0]), "config.json", err);
+        cr_expect_eq(rc, FASA_EFORMAT, "%s: rc %d", cases[i][0], rc);
+        cr_expect(strstr(err, cases[i][1]) && strstr(err, "out of range"), "%s: '%s'", cases[i][0], err);
+    }
+    /* the edges of the int range still load */
+    model_config c;
+    char err[FASA_ERRLEN];
+    const char *ok = "{\"model_type\":\"llama\",\"max_position_embeddings\":2147483647.9,\"vocab_size\":-2147483648}";
+    cr_expect_eq(model_config_parse(&c, ok, strlen(ok), "config.json", err), 0, "%s", err);
+    cr_expect_eq(c.n_ctx_train, 2147483647);
+    cr_expect_eq(c.n_vocab, -2147483647 - 1);
+}
