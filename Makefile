@@ -147,13 +147,13 @@ $(FUZZ_BUILD)/seeds:
 # sm_90 and links cudart and cuBLAS; CUDA=0 puts kernels/fasa_cuda_stub.c's "built without CUDA"
 # there instead. The stub is compiled either way and depends on a stamp of the setting, so
 # switching CUDA rebuilds the library. `make cuda-check`: every kernel for each architecture on
-# its own, warnings (nvcc's, gcc's, ptxas's) as errors.
+# its own, warnings (nvcc's, gcc's, ptxas's, register spills too) as errors.
 CUDA       ?= $(if $(shell command -v nvcc),1,0)
 NVCC       ?= nvcc
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
 CUDA_ARCHS := 80 90
 NVFLAGS    ?= -O2 -g
-NVFLAGS    += -std=c++17 --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror -MMD -MP -I. -Ilib
+NVFLAGS    += -std=c++17 --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror,-warn-spills -MMD -MP -I. -Ilib
 CUDA_SRC   := $(wildcard kernels/*.cu)
 CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_STAMP := $(BUILD)/kernels/cuda-setting

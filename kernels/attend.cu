@@ -74,15 +74,18 @@ extern "C" int fasa_cuda_kv_open(fasa_cuda *cu, fasa_cuda_kv **out, int n_layer,
     return 0;
 }
 
-/* Rows [from, t) of one KV head, converted and split, into the mirror. */
-static int mirror_rows(fasa_cuda_kv *kv, int layer, int g, const float *K, const float *V, int from, int t, char *err)
+/* Rows [from, t) of one KV head, converted (and split at n_dom when K holds whole rows), into
+ * the mirror. */
+static int mirror_rows(fasa_cuda_kv *kv, int layer, int g, const float *K, const float *krest, const float *V, int from,
+                       int t, char *err)
 {
-    const int d = kv->d, nd = kv->n_dom, nr = d - nd, m = t - from;
+    const int d = kv->d, nd = kv->n_dom, nr = d - nd, m = t - from, kw = krest ? nd : d;
     const size_t row0 = ((size_t)layer * kv->n_kv + g) * kv->n_ctx + from;
     for (int i = 0; i < m; i++) {
-        const float *k = K + (size_t)(from + i) * d, *v = V + (size_t)(from + i) * d;
+        const float *k = K + (size_t)(from + i) * kw, *v = V + (size_t)(from + i) * d;
+        const float *kr = krest ? krest + (size_t)(from + i) * nr : k + nd;
         for (int c = 0; c < nd; c++) kv->h_dom[(size_t)i * nd + c] = fasa_f32_to_f16(k[c]);
-        for (int c = 0; c < nr; c++) kv->h_rest[(size_t)i * nr + c] = fasa_f32_to_f16(k[nd + c]);
+        for (int c = 0; c < nr; c++) kv->h_rest[(size_t)i * nr + c] = fasa_f32_to_f16(kr[c]);
         for (int c = 0; c < d; c++) kv->h_v[(size_t)i * d + c] = fasa_f32_to_f16(v[c]);
     }
     int r = fasa_cuda_upload(kv->cu, kv->kdom + row0 * nd, kv->h_dom, (size_t)m * nd * sizeof(uint16_t), err);
@@ -91,8 +94,8 @@ static int mirror_rows(fasa_cuda_kv *kv, int layer, int g, const float *K, const
     return r;
 }
 
-static int attend_locked(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *V, int t, const float *q,
-                         const int32_t *idx, int n, float *out, char *err)
+static int attend_locked(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *krest, const float *V,
+                         int t, const float *q, const int32_t *idx, int n, float *out, char *err)
 {
     fasa_cuda *cu = kv->cu;
     FASA_CU_TRY(cudaSetDevice(cu->device), "cudaSetDevice");   /* the caller may be any thread */
@@ -100,7 +103,7 @@ static int attend_locked(fasa_cuda_kv *kv, int layer, int head, const float *K, 
     int *synced = &kv->synced[(size_t)layer * kv->n_kv + g];
     if (t < *synced) *synced = 0;   /* the cache was reset */
     if (t > *synced) {
-        const int r = mirror_rows(kv, layer, g, K, V, *synced, t, err);
+        const int r = mirror_rows(kv, layer, g, K, krest, V, *synced, t, err);
         if (r < 0) return r;
         *synced = t;
     }
@@ -109,30 +112,30 @@ static int attend_locked(fasa_cuda_kv *kv, int layer, int head, const float *K, 
     const size_t base = ((size_t)layer * kv->n_kv + g) * kv->n_ctx;
     /* one head, one KV head: the shape of a single-head layer at this KV head's rows */
     const fasa_cuda_shape sh = { 1, 1, kv->d, kv->n_dom, kv->n_ctx };
-    const uint16_t *kdom = kv->kdom + base * kv->n_dom;
-    const uint16_t *krest = kv->krest ? kv->krest + base * (kv->d - kv->n_dom) : nullptr;
-    const uint16_t *v = kv->v + base * kv->d;
+    const uint16_t *d_kdom = kv->kdom + base * kv->n_dom;
+    const uint16_t *d_krest = kv->krest ? kv->krest + base * (kv->d - kv->n_dom) : nullptr;
+    const uint16_t *d_v = kv->v + base * kv->d;
     if (idx) {
         for (int j = 0; j < n; j++)
             if (idx[j] < 0 || idx[j] >= t) return fasa_error(err, FASA_EARG, "attention: token %d is not cached (%d)", idx[j], t);
         if ((r = fasa_cuda_upload(cu, kv->d_idx, idx, (size_t)n * sizeof(int32_t), err)) < 0) return r;
-        r = fasa_cuda_fac(cu, kv->d_out, kv->d_q, kdom, krest, v, &sh, kv->d_idx, n, 0, err);
+        r = fasa_cuda_fac(cu, kv->d_out, kv->d_q, d_kdom, d_krest, d_v, &sh, kv->d_idx, n, 0, err);
     } else {
-        r = fasa_cuda_dense(cu, kv->d_out, kv->d_q, kdom, krest, v, &sh, t, err);
+        r = fasa_cuda_dense(cu, kv->d_out, kv->d_q, d_kdom, d_krest, d_v, &sh, t, err);
     }
     if (r < 0) return r;
     return fasa_cuda_download(cu, out, kv->d_out, kv->d * sizeof(float), err);
 }
 
-extern "C" int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *V, int t,
-                                const float *q, const int32_t *idx, int n, float *out, char *err)
+extern "C" int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *krest,
+                                const float *V, int t, const float *q, const int32_t *idx, int n, float *out, char *err)
 {
     if (layer < 0 || layer >= kv->n_layer || head < 0 || head >= kv->n_head || t < 1 || t > kv->n_ctx ||
         (idx && (n < 1 || n > t)))
         return fasa_error(err, FASA_EARG, "attention of head %d in layer %d over %d of %d tokens", head, layer,
                           idx ? n : t, t);
     pthread_mutex_lock(&kv->lock);
-    const int r = attend_locked(kv, layer, head, K, V, t, q, idx, n, out, err);
+    const int r = attend_locked(kv, layer, head, K, krest, V, t, q, idx, n, out, err);
     pthread_mutex_unlock(&kv->lock);
     return r;
 }

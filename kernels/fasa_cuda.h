@@ -139,11 +139,13 @@ int  fasa_cuda_kv_open(fasa_cuda *cu, fasa_cuda_kv **out, int n_layer, int n_hea
                        int n_dom, char *err);
 void fasa_cuda_kv_close(fasa_cuda_kv *kv);
 /* out[d] = attention of query head `head` (q: d floats, canonical layout) over rows 0..t-1 of
- * its KV head in `layer` (idx NULL), or over rows idx[0..n) (FAC). K, V: that KV head's CPU
- * cache blocks (n_ctx, d) f32, rows 0..t-1 valid; rows already mirrored are not read again
- * (t smaller than before means the cache was reset: everything is mirrored again). */
-int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *V, int t, const float *q,
-                     const int32_t *idx, int n, float *out, char *err);
+ * its KV head in `layer` (idx NULL), or over rows idx[0..n) (FAC). The KV head's CPU cache
+ * blocks, f32, rows 0..t-1 valid: K (n_ctx, d) whole key rows with krest NULL, or split as
+ * lib/kvcache does it, K (n_ctx, n_dom) the dominant block and krest (n_ctx, d - n_dom); V
+ * (n_ctx, d). Rows already mirrored are not read again (t smaller than before means the cache
+ * was reset: everything is mirrored again). */
+int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *krest, const float *V, int t,
+                     const float *q, const int32_t *idx, int n, float *out, char *err);
 
 #ifdef __cplusplus
 }

@@ -89,8 +89,8 @@ int fasa_cuda_kv_open(fasa_cuda *cu, fasa_cuda_kv **out, int n_layer, int n_head
     return NO_CUDA;
 }
 void fasa_cuda_kv_close(fasa_cuda_kv *kv) {}
-int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *V, int t, const float *q,
-                     const int32_t *idx, int n, float *out, char *err)
+int fasa_cuda_attend(fasa_cuda_kv *kv, int layer, int head, const float *K, const float *krest, const float *V, int t,
+                     const float *q, const int32_t *idx, int n, float *out, char *err)
 {
     return NO_CUDA;
 }

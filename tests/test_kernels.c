@@ -954,15 +954,21 @@ Test(kernels, gpu_attend_hook)
     /* dense, in two steps (the second mirrors only the new rows), then focused */
     for (int step = 0; step < 2; step++) {
         const int tt = step ? t : t / 2;
-        cr_assert_eq(fasa_cuda_attend(kv, 1, 4, h.kf, h.vf, tt, q, NULL, 0, out, err), 0, "%s", err);
+        cr_assert_eq(fasa_cuda_attend(kv, 1, 4, h.kf, NULL, h.vf, tt, q, NULL, 0, out, err), 0, "%s", err);
         att_twin(want, q, h.kdom, h.krest, h.v, d, G_DOM, NULL, tt, 0);
         expect_close(out, want, d, 1e-6, "attend (dense)");
     }
     int32_t idx[128];
     for (int j = 0; j < 128; j++) idx[j] = j * 5 + 1;
-    cr_assert_eq(fasa_cuda_attend(kv, 1, 4, h.kf, h.vf, t, q, idx, 128, out, err), 0, "%s", err);
+    cr_assert_eq(fasa_cuda_attend(kv, 1, 4, h.kf, NULL, h.vf, t, q, idx, 128, out, err), 0, "%s", err);
     att_twin(want, q, h.kdom, h.krest, h.v, d, G_DOM, idx, 128, 0);
     expect_close(out, want, d, 1e-6, "attend (fac)");
+    /* a CPU cache with split keys (lib/kvcache's n_split = 2F), another layer */
+    float *kd = decode_f16(h.kdom, t * G_DOM), *kr = decode_f16(h.krest, t * (d - G_DOM));
+    cr_assert_eq(fasa_cuda_attend(kv, 0, 1, kd, kr, h.vf, t, q, idx, 128, out, err), 0, "%s", err);
+    expect_close(out, want, d, 1e-6, "attend (fac, split keys)");
+    free(kd);
+    free(kr);
     fasa_cuda_kv_close(kv);
     cache_free(&h);
     fasa_cuda_close(cu);
