@@ -1,4 +1,4 @@
-/* bench.c - `fasa bench MODEL -p PROFILE --task ca|ppl|passkey [TEXT...]`. */
+/* bench.c - `fasa bench MODEL -p PROFILE --task ca|ppl|passkey|speed [TEXT...]`. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <omp.h>
@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "cmd.h"
+#include "speed.h"
 
 /* Ordinary English text every Debian system has, other than the calibration sample. */
 static const char *const default_texts[] = {
@@ -20,16 +21,19 @@ static const char *const default_texts[] = {
 };
 
 static const char usage_text[] =
-    "usage: fasa bench MODEL [-p PROFILE] --task ca|ppl|passkey [TEXT...] [options]\n"
+    "usage: fasa bench MODEL [-p PROFILE] --task ca|ppl|passkey|speed [TEXT...] [options]\n"
     "\n"
-    "Accuracy of token-selection policies beside full attention. TEXT files (or - for stdin) are\n"
-    "concatenated; the default is the Debian license texts other than GPL-3 (the default\n"
-    "calibration sample).\n"
+    "Accuracy of token-selection policies beside full attention, and decode speed. TEXT files (or -\n"
+    "for stdin) are concatenated; the default is the Debian license texts other than GPL-3 (the\n"
+    "default calibration sample).\n"
     "\n"
     "  -p, --profile FILE    calibration profile (default: MODEL's .profile.json when present)\n"
     "      --task T          ca: compound contextual agreement per K; ppl: perplexity after a\n"
     "                        dense prefill of C - M tokens and M decode steps under the policy;\n"
-    "                        passkey: retrieval of a key hidden at a depth in filler text\n"
+    "                        passkey: retrieval of a key hidden at a depth in filler text;\n"
+    "                        speed: decode tok/s, attention ms/token, bytes per token, GB/s and\n"
+    "                        KV memory by tier at cache depths (policies full, fasa-c, fasa-m,\n"
+    "                        quest; the cache is a real prefill of 512 tokens tiled to depth)\n"
     "      --policy LIST     full, fasa, fasa-1/8, fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense,\n"
     "                        oracle, stream, snapkv, h2o, quest, random (default per task)\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024)\n"
@@ -37,7 +41,12 @@ static const char usage_text[] =
     "      --context LIST    C (ppl; default 4096,8192) or passkey lengths (default 1024,2048,4096,8192)\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --steps M         decode steps (default 256)\n"
-    "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1)\n"
+    "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
+    "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
+    "      --repeats R       speed: decode runs per depth; medians are reported (default 5)\n"
+    "      --fcs F           speed: dominant chunks for fasa-c/fasa-m (default: the profile's)\n"
+    "      --kv-cold DIR     speed: fasa-m's cold tier directory (default: $TMPDIR or /tmp)\n"
+    "      --bandwidth GBS   speed: memory bandwidth for the roofline fraction (default 22)\n"
     "      --seeds N         passkey samples per length and depth (default 5)\n"
     "      --csv FILE        also write the rows as CSV\n"
     "      --json            print the rows as a JSON list on stdout\n"
@@ -126,6 +135,145 @@ static int write_csv(const char *path, const bench_row *r, int n)
     return rc;
 }
 
+/* ---------------------------------------------------------------- --task speed */
+
+static const char default_depths[] = "0,0.25,0.5,0.75,1";
+
+static int bench_speed_main(const char *model_path, char **texts, int n_texts, const char *prof_path,
+                            const char *policies, const char *budgets, const char *depths, int steps, int repeats,
+                            int fcs, const char *kv_cold, double bandwidth, const char *csv, int json)
+{
+    speed_cfg cfg = speed_defaults();
+    cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
+    cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    int budget[BENCH_MAX];
+    if (strcmp(budgets, "128,256,512,1024")) {
+        if (parse_ints("--budget", budgets, budget, 1, 1, 1 << 24) < 0) return EXIT_USAGE;
+        cfg.budget = budget[0];
+    }
+    if (depths && (cfg.n_depth = parse_ints("--depths", depths, cfg.depths, BENCH_MAX, 0, 1 << 22)) < 0) return EXIT_USAGE;
+    if (policies) {
+        char list[256];
+        snprintf(list, sizeof list, "%s", policies);
+        cfg.n_policy = 0;
+        for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (cfg.n_policy == SPEED_COUNT) return die_usage("--policy: at most %d speed policies", SPEED_COUNT);
+            if (speed_policy_parse(tok, &cfg.policies[cfg.n_policy++]) < 0)
+                return die_usage("--policy '%s' is not a speed policy (full, fasa-c, fasa-m, quest)", tok);
+        }
+    }
+    char err[FASA_ERRLEN], defp[4096];
+    model *m;
+    if (model_open(&m, model_path, err) < 0) return die("%s", err);
+    int status = 1, n_rows = 0, n = 0;
+    speed_row *rows = NULL;
+    profile prof = { 0 }, *pp = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    if (!prof_path && profile_find(model_path, defp, sizeof defp)) prof_path = defp;
+    if (prof_path) {
+        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0) { die("%s", err); goto out; }
+        pp = &prof;
+    }
+    if (!m->tok) { status = die_usage("--task speed needs a model with a tokenizer; '%s' has none", model_path); goto out; }
+    size_t len;
+    if (!(text = read_texts(texts, n_texts, default_texts, (int)(sizeof default_texts / sizeof *default_texts), &len))) goto out;
+    if (!(ids = malloc(sizeof *ids * (3 * len + 16)))) { die("out of memory"); goto out; }
+    if ((n = tokenizer_encode(m->tok, text, len, 0, ids, (int)(3 * len + 16))) < 0) { die("cannot tokenize the text"); goto out; }
+    double t0 = fasa_now();
+    if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
+    int rc = bench_speed(m, pp, ids, n, &cfg, &rows, &n_rows, err);
+    if (rc < 0) { status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err); goto out; }
+
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n_rows; i++) {
+        const speed_row *w = &rows[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "task", "speed");
+        cJSON_AddStringToObject(o, "policy", w->policy);
+        cJSON_AddNumberToObject(o, "budget", w->budget);
+        cJSON_AddNumberToObject(o, "fcs", w->fcs);
+        cJSON_AddNumberToObject(o, "context", w->depth);
+        cJSON_AddNumberToObject(o, "value", w->decode_tok_s);
+        cJSON_AddNumberToObject(o, "decode_tok_s", w->decode_tok_s);
+        cJSON_AddNumberToObject(o, "attn_ms", w->attn_ms);
+        cJSON_AddNumberToObject(o, "bytes_per_token", w->bytes_per_token);
+        cJSON_AddNumberToObject(o, "gb_s", w->gb_s);
+        cJSON_AddNumberToObject(o, "roofline", w->roofline);
+        cJSON_AddNumberToObject(o, "prefill_tok_s", w->prefill_tok_s);
+        cJSON_AddNumberToObject(o, "kv_resident_mb", w->kv_resident_mb);
+        cJSON_AddNumberToObject(o, "kv_cold_mb", w->kv_cold_mb);
+        cJSON_AddNumberToObject(o, "kv_total_mb", w->kv_total_mb);
+        cJSON_AddNumberToObject(o, "rss_anon_mb", w->rss_anon_mb);
+        cJSON_AddNumberToObject(o, "rss_file_mb", w->rss_file_mb);
+        cJSON_AddNumberToObject(o, "peak_rss_mb", w->peak_rss_mb);
+        cJSON_AddNumberToObject(o, "repeats", cfg.repeats);
+        cJSON_AddNumberToObject(o, "steps", cfg.steps);
+        cJSON_AddNumberToObject(o, "threads", omp_get_max_threads());
+        cJSON_AddItemToArray(a, o);
+    }
+    if (json) {
+        char *js = cJSON_Print(a);
+        puts(js);
+        free(js);
+    } else {
+        printf("%-7s %6s %9s %8s %9s %7s %6s %9s %9s %9s\n", "policy", "depth", "tok/s", "attn ms", "MB/token",
+               "GB/s", "roof", "KV res MB", "KV coldMB", "RssAnonMB");
+        for (int i = 0; i < n_rows; i++) {
+            const speed_row *w = &rows[i];
+            printf("%-7s %6d %9.2f %8.2f %9.1f %7.2f %5.1f%% %9.1f %9.1f %9.1f\n", w->policy, w->depth, w->decode_tok_s,
+                   w->attn_ms, w->bytes_per_token / 1e6, w->gb_s, 100 * w->roofline, w->kv_resident_mb, w->kv_cold_mb,
+                   w->rss_anon_mb);
+        }
+        /* ratios from this one run */
+        for (int i = 0; i < n_rows; i++) {
+            const speed_row *f = &rows[i], *full = NULL, *fc = NULL;
+            for (int j = 0; j < n_rows; j++) {
+                if (rows[j].depth != f->depth) continue;
+                if (!strcmp(rows[j].policy, "full")) full = &rows[j];
+                if (!strcmp(rows[j].policy, "fasa-c")) fc = &rows[j];
+            }
+            if (!strcmp(f->policy, "full") || !full) continue;
+            printf("depth %6d  %-7s vs full: decode %.2fx, attention %.2fx", f->depth, f->policy,
+                   f->decode_tok_s / full->decode_tok_s, f->attn_ms > 0 ? full->attn_ms / f->attn_ms : 0);
+            if (!strcmp(f->policy, "fasa-m") && fc)
+                printf("; time vs fasa-c %.2fx; resident KV %.3f of full", fc->decode_tok_s / f->decode_tok_s,
+                       f->kv_resident_mb / full->kv_total_mb);
+            printf("\n");
+        }
+    }
+    if (csv) {
+        char *buf = NULL;
+        size_t blen = 0;
+        FILE *f = open_memstream(&buf, &blen);
+        if (!f) { cJSON_Delete(a); die("out of memory"); goto out; }
+        fprintf(f, "policy,depth,budget,fcs,decode_tok_s,attn_ms,bytes_per_token,gb_s,roofline,prefill_tok_s,"
+                   "kv_resident_mb,kv_cold_mb,kv_total_mb,rss_anon_mb,rss_file_mb,peak_rss_mb\n");
+        for (int i = 0; i < n_rows; i++) {
+            const speed_row *w = &rows[i];
+            fprintf(f, "%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f\n", w->policy, w->depth,
+                    w->budget, w->fcs, w->decode_tok_s, w->attn_ms, w->bytes_per_token, w->gb_s, w->roofline,
+                    w->prefill_tok_s, w->kv_resident_mb, w->kv_cold_mb, w->kv_total_mb, w->rss_anon_mb, w->rss_file_mb,
+                    w->peak_rss_mb);
+        }
+        fclose(f);
+        int wrc = write_file_atomic(csv, buf, blen);
+        free(buf);
+        if (wrc) { cJSON_Delete(a); goto out; }
+    }
+    cJSON_Delete(a);
+    fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; cache: "
+            "512 prefilled tokens tiled to depth)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps);
+    status = 0;
+out:
+    free(rows);
+    free(ids);
+    free(text);
+    profile_free(&prof);
+    model_close(m);
+    return status;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -136,11 +284,15 @@ int cmd_bench(int argc, char **argv)
         { "depths", required_argument, 0, 'D' },  { "seeds", required_argument, 0, 'S' },
         { "csv", required_argument, 0, 'c' },     { "json", no_argument, 0, 'j' },
         { "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
+        { "repeats", required_argument, 0, 'R' }, { "fcs", required_argument, 0, 'F' },
+        { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
-    const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL, *depths = "0,0.25,0.5,0.75,1";
-    long tokens = 4096, steps = 256, seeds = 5, threads = 0;
+    const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL, *depths = default_depths;
+    long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0;
+    const char *kv_cold = NULL;
+    double bandwidth = 22;
     int json = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
@@ -154,6 +306,10 @@ int cmd_bench(int argc, char **argv)
         case 'N': if (parse_int("--tokens", optarg, 16, 1 << 22, &tokens)) return EXIT_USAGE; break;
         case 'M': if (parse_int("--steps", optarg, 1, 1 << 20, &steps)) return EXIT_USAGE; break;
         case 'D': depths = optarg; break;
+        case 'R': if (parse_int("--repeats", optarg, 1, 1000, &repeats)) return EXIT_USAGE; break;
+        case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
+        case 'k': kv_cold = optarg; break;
+        case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'c': csv = optarg; break;
         case 'j': json = 1; break;
@@ -166,11 +322,16 @@ int cmd_bench(int argc, char **argv)
         fputs(usage_text, stderr);
         return EXIT_USAGE;
     }
-    if (!strcmp(task, "speed")) return die("--task speed is not built yet (ca, ppl, passkey)");
+    if (!strcmp(task, "speed")) {
+        if (threads) omp_set_num_threads((int)threads);
+        return bench_speed_main(argv[optind], argv + optind + 1, argc - optind - 1, prof_path, policies, budgets,
+                                depths == default_depths ? NULL : depths, steps < 0 ? 16 : (int)steps,
+                                (int)repeats, (int)fcs, kv_cold, bandwidth, csv, json);
+    }
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
-        return die_usage("--task '%s' is not available (ca, ppl, passkey)", task);
+        return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);
     /* the lists before the model is read */
-    bench_cfg cfg = { .steps = (int)steps, .seeds = (int)seeds };
+    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);

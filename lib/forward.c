@@ -67,6 +67,7 @@ void run_state_free(run_state *s)
 void run_state_reset(run_state *s)
 {
     s->n_past = 0;
+    s->t_attn = 0;
     memset(s->bytes_kv, 0, sizeof *s->bytes_kv * 8 * s->n_threads);
 }
 
@@ -159,6 +160,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         add_bias(s->k, L->bk, n, kvd);
         add_bias(s->v, L->bv, n, kvd);
 
+        const double t_attn0 = fasa_now();
         for (int i = 0; i < n; i++) {
             const int pos = s->n_past + i;
             for (int g = 0; g < G; g++) {
@@ -202,6 +204,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             }
         }
         if (s->stats) attn_stats_reduce(s->stats, l);
+        s->t_attn += fasa_now() - t_attn0;
 
         ops_matmul(s->xb, &L->wo, s->att_out, n);
         for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];

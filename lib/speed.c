@@ -1,0 +1,185 @@
+/* speed.c - the decode speed benchmark (speed.h). */
+#include "speed.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static const char *const names[SPEED_COUNT] = { "full", "fasa-c", "fasa-m", "quest" };
+
+const char *speed_policy_name(enum speed_policy p) { return names[p]; }
+
+int speed_policy_parse(const char *name, enum speed_policy *out)
+{
+    for (int i = 0; i < SPEED_COUNT; i++)
+        if (!strcmp(name, names[i])) { *out = (enum speed_policy)i; return 0; }
+    return -1;
+}
+
+speed_cfg speed_defaults(void)
+{
+    speed_cfg c = { 0 };
+    static const int depths[] = { 0, 2048, 4096, 8192, 16384, 32768 };
+    c.n_depth = 6;
+    memcpy(c.depths, depths, sizeof depths);
+    c.n_policy = 4;
+    for (int i = 0; i < 4; i++) c.policies[i] = (enum speed_policy)i;
+    c.budget = 256;
+    c.steps = 16;
+    c.repeats = 5;
+    c.n_fill = 512;
+    c.bandwidth = 22;
+    return c;
+}
+
+/* RssAnon and RssFile of this process, in MB. */
+static void rss(double *anon, double *file)
+{
+    *anon = *file = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) *anon = kb / 1024.0;
+        if (sscanf(line, "RssFile: %ld kB", &kb) == 1) *file = kb / 1024.0;
+    }
+    fclose(f);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Copies the first `have` rows of every (layer, KV head) cyclically out to `want` rows. */
+static void tile_cache(kvcache *kv, int have, int want)
+{
+    const int kw = kvcache_kw(kv), rw = kv->n_split ? kv->d_head - kv->n_split : 0, d = kv->d_head;
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int g = 0; g < kv->n_kv_head; g++) {
+            float *k = kvcache_k(kv, l, g), *v = kvcache_v(kv, l, g), *r = rw ? kvcache_kr(kv, l, g) : NULL;
+            for (int i = have; i < want; i++) {
+                const int src = i % have;
+                memcpy(k + (size_t)i * kw, k + (size_t)src * kw, sizeof(float) * kw);
+                memcpy(v + (size_t)i * d, v + (size_t)src * d, sizeof(float) * d);
+                if (r) memcpy(r + (size_t)i * rw, r + (size_t)src * rw, sizeof(float) * rw);
+            }
+        }
+}
+
+int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
+                speed_row **rows, int *n_rows, char *err)
+{
+    const model_config *c = &m->cfg;
+    int deepest = 0, rc = 0, done = 0;
+    for (int i = 0; i < cfg->n_depth; i++) deepest = cfg->depths[i] > deepest ? cfg->depths[i] : deepest;
+    const int fill = cfg->n_fill < deepest ? cfg->n_fill : deepest > 0 ? deepest : 1;
+    if (n_ids < fill + cfg->steps + 1)
+        return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids, fill, cfg->steps);
+    int fasa = 0;
+    for (int p = 0; p < cfg->n_policy; p++) fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
+    const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
+    if (fasa) {
+        if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
+        if (fcs < 1 || 2 * fcs >= c->d_head) return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
+        if ((rc = model_rank_chunks(m, prof, err)) < 0) return rc;
+    }
+    if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))
+        return fasa_error(err, FASA_ENOMEM, "out of memory");
+    *n_rows = 0;
+    double *tps = malloc(sizeof(double) * cfg->repeats), *attn = malloc(sizeof(double) * cfg->repeats);
+    if (!tps || !attn) { free(tps); free(attn); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+
+    for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
+        const enum speed_policy sp = cfg->policies[pi];
+        kv_opts ko = { 0 };
+        if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * fcs;
+        if (sp == SPEED_FASA_M) ko.cold_dir = cfg->cold_dir ? cfg->cold_dir : "/tmp";
+        run_state *s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err);
+        if (!s) { rc = FASA_ENOMEM; break; }
+        policy pol = { 0 };
+        attn_stats st = { 0 };
+        int have_pol = 0, have_st = 0;
+        if (sp != SPEED_FULL) {
+            policy_opts o = policy_defaults(sp == SPEED_QUEST ? POLICY_QUEST : POLICY_FASA, m, cfg->budget);
+            o.prof = prof;
+            o.fcs = fcs;
+            o.block = sp != SPEED_QUEST;
+            if ((rc = policy_init(&pol, m, &o, err)) < 0) { run_state_free(s); break; }
+            have_pol = 1;
+            if (sp == SPEED_QUEST) {
+                if ((rc = attn_stats_init(&st, m, deepest + cfg->steps + 1, STATS_QUEST, 0, err)) < 0) {
+                    policy_free(&pol); run_state_free(s); break;
+                }
+                have_st = 1;
+            }
+        }
+        /* a real prefill, timed, then the tiles */
+        double t0 = fasa_now();
+        for (int i = 0; i < fill && rc == 0; i += s->n_batch) {
+            int nb = fill - i < s->n_batch ? fill - i : s->n_batch;
+            rc = model_forward(m, s, ids + i, nb, 0, err);
+        }
+        const double prefill_tps = fill / (fasa_now() - t0);
+        if (rc == 0) {
+            tile_cache(&s->kv, fill, deepest);
+            if (have_st) {
+                s->stats = &st;
+                for (int l = 0; l < c->n_layer; l++) attn_stats_append(&st, s, l, deepest);
+            }
+            if (have_pol) s->policy = &pol, s->sparse_from = 0;
+        }
+        for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
+            const int depth = cfg->depths[di];
+            uint64_t kv_read = 0;
+            for (int r = 0; r < cfg->repeats && rc == 0; r++) {
+                s->n_past = depth;
+                s->t_attn = 0;
+                const uint64_t kv0 = run_state_kv_bytes_read(s);
+                t0 = fasa_now();
+                for (int k = 0; k < cfg->steps && rc == 0; k++) rc = model_forward(m, s, ids + fill + k, 1, 0, err);
+                const double secs = fasa_now() - t0;
+                tps[r] = cfg->steps / secs;
+                attn[r] = 1e3 * s->t_attn / cfg->steps;
+                kv_read = run_state_kv_bytes_read(s) - kv0;
+            }
+            if (rc) break;
+            speed_row *w = &(*rows)[(*n_rows)++];
+            snprintf(w->policy, sizeof w->policy, "%s", names[sp]);
+            w->depth = depth;
+            w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
+            w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
+            w->decode_tok_s = median(tps, cfg->repeats);
+            w->attn_ms = median(attn, cfg->repeats);
+            w->bytes_per_token = (double)m->weight_bytes + (double)kv_read / cfg->steps;
+            w->gb_s = w->bytes_per_token * w->decode_tok_s / 1e9;
+            w->roofline = w->gb_s / cfg->bandwidth;
+            w->prefill_tok_s = prefill_tps;
+            const int t = depth + cfg->steps;
+            w->kv_resident_mb = kvcache_resident_bytes(&s->kv, t) / 1e6;
+            w->kv_cold_mb = kvcache_cold_bytes(&s->kv, t) / 1e6;
+            w->kv_total_mb = kvcache_bytes(&s->kv, t) / 1e6;
+            rss(&w->rss_anon_mb, &w->rss_file_mb);
+            struct rusage ru;
+            getrusage(RUSAGE_SELF, &ru);
+            w->peak_rss_mb = ru.ru_maxrss / 1024.0;
+            if (cfg->progress) cfg->progress(cfg->progress_ctx, ++done, cfg->n_policy * cfg->n_depth);
+        }
+        s->stats = NULL;
+        if (have_st) attn_stats_free(&st);
+        if (have_pol) policy_free(&pol);
+        run_state_free(s);
+    }
+    free(tps);
+    free(attn);
+    return rc;
+}

@@ -1,0 +1,52 @@
+/* speed.h - decode speed of full attention, FASA-C, FASA-M and Quest at chosen cache depths.
+ *
+ *   speed_cfg c = speed_defaults();
+ *   speed_row *rows; int n;
+ *   bench_speed(m, prof, ids, n_ids, &c, &rows, &n, err);   // one row per (policy, depth)
+ *
+ * The cache is filled by a real dense prefill of the first tokens of a text, then tiled (rows
+ * copied) out to the deepest depth: speed does not depend on what the rows hold, and a 32k-token
+ * prefill would take longer than everything else. Each (policy, depth) decodes `steps` tokens
+ * `repeats` times from the same depth and reports medians.
+ */
+#ifndef FASA_SPEED_H
+#define FASA_SPEED_H
+
+#include "bench.h"
+
+enum speed_policy { SPEED_FULL, SPEED_FASA_C, SPEED_FASA_M, SPEED_QUEST, SPEED_COUNT };
+
+typedef struct speed_cfg {
+    int n_depth, depths[BENCH_MAX];
+    int n_policy;
+    enum speed_policy policies[SPEED_COUNT];
+    int budget, fcs;              /* fasa, quest: N; fasa: F (0: the profile's) */
+    int steps, repeats;           /* decode tokens per repeat; repeats (median) */
+    int n_fill;                   /* tokens prefilled for real before tiling (and timed) */
+    const char *cold_dir;         /* fasa-m's cold tier */
+    double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction */
+    void (*progress)(void *ctx, int done, int total);
+    void *progress_ctx;
+} speed_cfg;
+
+typedef struct speed_row {
+    char policy[16];
+    int depth, budget, fcs;
+    double decode_tok_s;          /* median over repeats */
+    double attn_ms;               /* attention per token (median) */
+    double bytes_per_token;       /* weights + KV bytes attention read (code's count) */
+    double gb_s, roofline;        /* bytes_per_token x tok/s; its fraction of cfg.bandwidth */
+    double prefill_tok_s;         /* the real prefill of n_fill tokens */
+    double kv_resident_mb, kv_cold_mb, kv_total_mb;   /* at this depth, by tier */
+    double rss_anon_mb, rss_file_mb, peak_rss_mb;     /* the process, after this row */
+} speed_row;
+
+speed_cfg speed_defaults(void);
+const char *speed_policy_name(enum speed_policy p);
+int speed_policy_parse(const char *name, enum speed_policy *out);
+
+/* May reorder m's chunks (model_rank_chunks) when a FASA policy is asked for. */
+int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
+                speed_row **rows, int *n_rows, char *err);
+
+#endif
