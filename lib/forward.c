@@ -41,6 +41,9 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
     s->sel_keys = malloc(tn * sizeof *s->sel_keys);
     s->bytes_kv = calloc((size_t)s->n_threads * 8, sizeof *s->bytes_kv);
     s->krow = malloc(c->d_head * sizeof(float));
+    /* batched dense attention: a (n_batch, n_ctx) score block per thread, two with split keys */
+    s->bscores = n_batch > 1 ? malloc((size_t)s->n_threads * (ko && ko->n_split ? 2 : 1) * n_batch * n_ctx * sizeof(float)) : NULL;
+    if (n_batch > 1 && !s->bscores) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
         run_state_free(s);
@@ -60,7 +63,7 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
-    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores);
     free(s);
 }
 
@@ -121,6 +124,35 @@ static void attend(float *out, const float *q, const kvcache *kv, int l, int g, 
     else ops_attn_accum(out, scores, V, n, d);
 }
 
+/* Dense attention of queries r0..r1-1 of a batch (positions n_past + r) for head h, in one pass
+ * over the cache: every key and value row is read once for all of them. Calls the observer and
+ * updates the statistics per query, as the one-query path does. */
+static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int r1, float *S, float *T)
+{
+    const model_config *c = &m->cfg;
+    const kvcache *kv = &s->kv;
+    const int d = c->d_head, qd = c->n_head * d, g = h / (c->n_head / c->n_kv_head), ns = kv->n_split;
+    const int nq = r1 - r0, t = s->n_past + r1;   /* the last query sees t keys */
+    const float scale = 1.0f / sqrtf((float)d);
+    const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
+    ops_attn_scores_multi(S, Q, nq, qd, kvcache_k(kv, l, g), t, kvcache_kw(kv), scale);
+    if (ns) {
+        ops_attn_scores_multi(T, Q + ns, nq, qd, kvcache_kr(kv, l, g), t, d - ns, scale);
+        for (size_t i = 0; i < (size_t)nq * t; i++) S[i] += T[i];
+    }
+    int len[512];
+    for (int i = 0; i < nq; i++) {
+        const int pos = s->n_past + r0 + i;
+        len[i] = pos + 1;
+        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, Q + (size_t)i * qd);
+        ops_softmax(S + (size_t)i * t, len[i]);
+        if (s->stats) attn_stats_observe(s->stats, l, h, pos, S + (size_t)i * t, NULL, len[i]);
+    }
+    ops_attn_accum_multi(s->att_out + (size_t)r0 * qd + (size_t)h * d, qd, S, nq, len, kvcache_v(kv, l, g), t, d);
+    const int tid = omp_get_thread_num();
+    for (int i = 0; i < nq; i++) s->bytes_kv[8 * tid] += (uint64_t)len[i] * 2 * d * sizeof(float);
+}
+
 /* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
 static uint64_t select_bytes(const policy *p, int t, int d)
 {
@@ -178,8 +210,19 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         }
 
         if (s->stats) attn_stats_append(s->stats, s, l, s->n_past + n);
+        /* a batch with no sparse query: per head, all its queries in one pass over the cache
+         * (in two halves, so two threads share nine heads evenly) */
+        const int dense_batch = n > 1 && n <= 512 && s->bscores && (!s->policy || s->n_past + n <= s->sparse_from);
+        const int halves = n >= 16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
-        for (int ih = 0; ih < n * H; ih++) {
+        for (int it = 0; it < (dense_batch ? H * halves : 0); it++) {
+            const int h = it / halves, part = it % halves, tid = omp_get_thread_num();
+            const size_t blk = (size_t)n * s->n_ctx;
+            float *S = s->bscores + (size_t)tid * blk * (s->kv.n_split ? 2 : 1);
+            attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
+        }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+        for (int ih = 0; ih < (dense_batch ? 0 : n * H); ih++) {
             const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
             const float *q = s->q + (size_t)i * qd + h * dh;
             float *scores = s->scores + (size_t)tid * s->n_ctx;
