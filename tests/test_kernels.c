@@ -13,6 +13,7 @@
  * rounds a division differently. */
 #include <cpuid.h>
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -681,13 +682,16 @@ Test(kernels, matvec_lanes_and_butterfly_sum)
 
 /* --- on a device ----------------------------------------------------------------------------- */
 
-static fasa_cuda *gpu_or_skip(const char *what)
+/* A device, or the test is skipped; the warning makes the skip visible by name in make test's
+ * ordinary output too (Criterion lists skips only with --verbose). */
+static fasa_cuda *gpu_or_skip(const char *test, const char *what)
 {
     char err[FASA_ERRLEN];
     fasa_cuda *cu = NULL;
     if (fasa_cuda_open(&cu, 0, err) < 0) {
         char *why = strstr(err, " (");   /* the details: fasa inspect --devices shows them */
         if (why) *why = 0;
+        cr_log_warn("kernels::%s skipped: %s: %s not run", test, err, what);
         cr_skip_test("%s: %s not run", err, what);
     }
     return cu;
@@ -748,7 +752,7 @@ static void expect_close(const float *got, const float *want, int n, double tol,
 
 Test(kernels, gpu_tip)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/tip.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_tip", "kernels/tip.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 23;
     gpu_layer L;
@@ -772,7 +776,7 @@ Test(kernels, gpu_tip)
 
 Test(kernels, gpu_topn)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/topn.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_topn", "kernels/topn.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 29;
     const int t = 5000, nh = 3, n = 256;
@@ -807,7 +811,7 @@ static void make_idx(int32_t *idx, int n, uint64_t *r)
 
 Test(kernels, gpu_fac)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/fac.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_fac", "kernels/fac.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 31;
     gpu_layer L;
@@ -836,7 +840,7 @@ Test(kernels, gpu_fac)
 
 Test(kernels, gpu_dense)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/dense.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_dense", "kernels/dense.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 37;
     gpu_layer L;
@@ -864,7 +868,7 @@ Test(kernels, gpu_dense)
 
 Test(kernels, gpu_fetch)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/fetch.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_fetch", "kernels/fetch.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 41;
     const int n_layer = 2, n = 200, n_rest = G_D - G_DOM;
@@ -917,7 +921,7 @@ Test(kernels, gpu_fetch)
 
 Test(kernels, gpu_matvec)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/matvec.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_matvec", "kernels/matvec.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 43;
     const int rows = 100, cols = 576;
@@ -941,7 +945,7 @@ Test(kernels, gpu_matvec)
 
 Test(kernels, gpu_attend_hook)
 {
-    fasa_cuda *cu = gpu_or_skip("kernels/attend.cu");
+    fasa_cuda *cu = gpu_or_skip("gpu_attend_hook", "kernels/attend.cu");
     char err[FASA_ERRLEN];
     uint64_t r = 47;
     const int t = 700, d = G_D;
