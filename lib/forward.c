@@ -7,6 +7,8 @@
 #include "attention.h"
 #include "model.h"
 
+#define DECODE_PARTS 8   /* most parts one decode query's keys are cut into */
+
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
 {
     return run_state_new_kv(m, n_ctx, n_batch, NULL, err);
@@ -43,6 +45,12 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
     s->krow = malloc(c->d_head * sizeof(float));
     /* batched dense attention: a (n_batch, n_ctx) score block per thread, two with split keys */
     s->bscores = n_batch > 1 ? malloc((size_t)s->n_threads * (ko && ko->n_split ? 2 : 1) * n_batch * n_ctx * sizeof(float)) : NULL;
+    /* split decode attention: per thread a (group, n_ctx) score block, two with split keys; per
+     * (KV head, part, head of the group) a partial result: max, sum, d outputs */
+    const int grp = c->n_head / c->n_kv_head;
+    s->dscores = malloc((size_t)s->n_threads * 2 * grp * n_ctx * sizeof(float));
+    s->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
+    if (!s->dscores || !s->dpart) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (n_batch > 1 && !s->bscores) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
@@ -63,7 +71,7 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
-    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart);
     free(s);
 }
 
@@ -153,6 +161,68 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
     for (int i = 0; i < nq; i++) s->bytes_kv[8 * tid] += (uint64_t)len[i] * 2 * d * sizeof(float);
 }
 
+/* Decode, a dense layer: the heads of a KV group read each key and value row once between them,
+ * and the sequence is cut into parts that threads take independently (flash-decoding): each part
+ * leaves its max, sum and unnormalised output, merged afterwards. Part p of t keys is
+ * [p t / P, (p + 1) t / P). */
+static void attend_part(const model *m, run_state *s, int l, int g, int p, int P, float *S, float *T)
+{
+    const model_config *c = &m->cfg;
+    const kvcache *kv = &s->kv;
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head, ns = kv->n_split, kw = kvcache_kw(kv);
+    const int t = s->n_past + 1, a = (int)((int64_t)p * t / P), b = (int)((int64_t)(p + 1) * t / P), len = b - a;
+    const float scale = 1.0f / sqrtf((float)d);
+    const float *Q = s->q + (size_t)g * grp * d;
+    float *part = s->dpart + ((size_t)g * DECODE_PARTS + p) * grp * (d + 2);
+    if (len <= 0) {
+        for (int h = 0; h < grp; h++) part[h * (d + 2)] = -INFINITY, part[h * (d + 2) + 1] = 0;
+        return;
+    }
+    ops_attn_scores_multi(S, Q, grp, d, kvcache_k(kv, l, g) + (size_t)a * kw, len, kw, scale);
+    if (ns) {
+        ops_attn_scores_multi(T, Q + ns, grp, d, kvcache_kr(kv, l, g) + (size_t)a * (d - ns), len, d - ns, scale);
+        for (int i = 0; i < grp * len; i++) S[i] += T[i];
+    }
+    for (int h = 0; h < grp; h++) {
+        float *row = S + (size_t)h * len, mx = row[0], sum = 0;
+        for (int i = 1; i < len; i++) mx = row[i] > mx ? row[i] : mx;
+        for (int i = 0; i < len; i++) row[i] -= mx;
+        ops_exp(row, row, len);
+        for (int i = 0; i < len; i++) sum += row[i];
+        part[h * (d + 2)] = mx, part[h * (d + 2) + 1] = sum;
+    }
+    /* outputs of the group's heads, (grp, d + 2) with stride d + 2, from the values a..b */
+    float out[8 * 1024];
+    ops_attn_accum_multi(out, d, S, grp, NULL, kvcache_v(kv, l, g) + (size_t)a * d, len, d);
+    for (int h = 0; h < grp; h++) memcpy(part + h * (d + 2) + 2, out + (size_t)h * d, sizeof(float) * d);
+    s->bytes_kv[8 * omp_get_thread_num()] += (uint64_t)len * 2 * d * sizeof(float);
+}
+
+static void merge_parts(const model *m, run_state *s, int P)
+{
+    const model_config *c = &m->cfg;
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head;
+    for (int g = 0; g < c->n_kv_head; g++)
+        for (int h = 0; h < grp; h++) {
+            float mx = -INFINITY, sum = 0;
+            for (int p = 0; p < P; p++) {
+                const float *part = s->dpart + (((size_t)g * DECODE_PARTS + p) * grp + h) * (d + 2);
+                mx = part[0] > mx ? part[0] : mx;
+            }
+            float *out = s->att_out + (size_t)(g * grp + h) * d;
+            memset(out, 0, sizeof(float) * d);
+            for (int p = 0; p < P; p++) {
+                const float *part = s->dpart + (((size_t)g * DECODE_PARTS + p) * grp + h) * (d + 2);
+                if (part[1] == 0) continue;
+                const float w = expf(part[0] - mx);
+                sum += w * part[1];
+                for (int j = 0; j < d; j++) out[j] += w * part[2 + j];
+            }
+            const float inv = 1.0f / sum;
+            for (int j = 0; j < d; j++) out[j] *= inv;
+        }
+}
+
 /* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
 static uint64_t select_bytes(const policy *p, int t, int d)
 {
@@ -213,6 +283,22 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         /* a batch with no sparse query: per head, all its queries in one pass over the cache
          * (in two halves, so two threads share nine heads evenly) */
         const int dense_batch = n > 1 && n <= 512 && s->bscores && (!s->policy || s->n_past + n <= s->sparse_from);
+        /* one decode query in a layer where every head attends densely, nobody watching: by KV
+         * group, the sequence split into parts */
+        const int t1 = s->n_past + 1;
+        const int dense_decode = n == 1 && !s->obs && !s->stats && c->n_head / c->n_kv_head <= 8 && dh <= 1024 &&
+                                 (!s->policy || s->n_past < s->sparse_from || s->policy->o.kind == POLICY_FULL ||
+                                  s->policy->o.budget >= t1 || l < s->policy->o.n_dense_layers);
+        if (dense_decode) {
+            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            for (int it = 0; it < G * P; it++) {
+                const int tid = omp_get_thread_num();
+                float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
+                attend_part(m, s, l, it / P, it % P, P, S, S + (size_t)group * s->n_ctx);
+            }
+            merge_parts(m, s, P);
+        }
         const int halves = n >= 16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
         for (int it = 0; it < (dense_batch ? H * halves : 0); it++) {
@@ -222,7 +308,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
         }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
-        for (int ih = 0; ih < (dense_batch ? 0 : n * H); ih++) {
+        for (int ih = 0; ih < (dense_batch || dense_decode ? 0 : n * H); ih++) {
             const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
             const float *q = s->q + (size_t)i * qd + h * dh;
             float *scores = s->scores + (size_t)tid * s->n_ctx;

@@ -245,3 +245,35 @@ Test(model, config_numbers_outside_int_are_errors)
     cr_expect_eq(c.n_ctx_train, 2147483647);
     cr_expect_eq(c.n_vocab, -2147483647 - 1);
 }
+
+/* One token at a time past 1024 positions: decode attention split along the sequence (1, 2 and 4
+ * parts, merged) stays on the double-precision reference. */
+Test(model, split_decode_matches_reference, .timeout = 120)
+{
+    enum { N = 1100 };
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_LLAMA, .seed = 12 });
+    char *dir = tmpdir_make(), err[FASA_ERRLEN];
+    cr_assert_eq(tiny_write_hf(&t, dir), 0);
+    int32_t *ids = malloc(sizeof *ids * N);
+    ids_for(ids, N, t.s.n_vocab);
+    double *ref = malloc(sizeof(double) * N * t.s.n_vocab);
+    tiny_forward_ref(&t, ids, N, ref);
+    model *m;
+    cr_assert_eq(model_open(&m, dir, err), 0, "%s", err);
+    run_state *s = run_state_new(m, N, 1, err);
+    cr_assert_not_null(s, "%s", err);
+    const int V = m->cfg.n_vocab;
+    float *out = malloc(sizeof(float) * N * V);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(model_forward(m, s, ids + i, 1, 0, err), 0, "%s", err);
+        memcpy(out + (size_t)i * V, s->logits, sizeof(float) * V);
+    }
+    double d = rel_diff(out, ref, (size_t)N * V);
+    cr_expect_lt(d, 1e-5, "token-by-token decode vs reference: %g", d);
+    run_state_free(s);
+    model_close(m);
+    free(out); free(ref); free(ids);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
