@@ -254,3 +254,17 @@ valgrind: all $(VG_SUPP)
 	    $(BIN)/fasa inspect $(BUILD)/valgrind/truncated.gguf; test $$? = 1
 	@if test -s $(BUILD)/valgrind/bad-input.log; then cat $(BUILD)/valgrind/bad-input.log; exit 1; fi
 	@echo "make valgrind: no memcheck errors or leaks"
+
+# --- bench-compare (issue 6) ---
+# make bench-compare: llama.cpp (llama-cpp-python, built into .venv by scripts/setup-llamacpp.sh
+# on first use: 10-20 minutes) and fasa on the same model file, threads and depths; decode tok/s
+# side by side with the ratio fasa/llama.cpp. BENCH_COMPARE_ARGS passes more options, e.g.
+# BENCH_COMPARE_ARGS="--threads 1 --depths 0,1024,4096 --json".
+BENCH_COMPARE_MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+BENCH_COMPARE_ARGS  ?=
+
+.PHONY: bench-compare
+
+bench-compare: $(BIN)/fasa
+	scripts/setup-llamacpp.sh
+	.venv/bin/python scripts/bench_compare.py --fasa $(BIN)/fasa --model $(BENCH_COMPARE_MODEL) $(BENCH_COMPARE_ARGS)
