@@ -127,6 +127,10 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const int ns = s->kv.n_split;
     switch (o->kind) {
     case POLICY_FASA:
+        if (sc->tip) {
+            memcpy(S, sc->tip, sizeof(float) * t);
+            break;
+        }
         if (ns && ns == p->n_dom && (o->block || o->group)) {
             /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
              * streams it (the group's dims for every head of the group) */

@@ -4,9 +4,6 @@
 #include "topk.h"
 
 #include <omp.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,25 +37,11 @@ static int cmp_key_desc(const void *a, const void *b)
 
 void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *bucket, uint64_t *scratch)
 {
-    float mn = score[0], mx = score[0];
-    int i = 0;
-#ifdef __AVX2__
-    if (n >= 8) {
-        __m256 vmn = _mm256_loadu_ps(score), vmx = vmn;
-        for (i = 8; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(score + i);
-            vmn = _mm256_min_ps(vmn, v), vmx = _mm256_max_ps(vmx, v);
-        }
-        float a[8], b[8];
-        _mm256_storeu_ps(a, vmn), _mm256_storeu_ps(b, vmx);
-        for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
-    }
-#endif
-    for (; i < n; i++) mn = score[i] < mn ? score[i] : mn, mx = score[i] > mx ? score[i] : mx;
+    float mn = 0, mx = 0;
+    int bad = n <= 64 || !topk_minmax(score, n, &mn, &mx);
     const float range = mx - mn;
     uint16_t *bin = (uint16_t *)(scratch + n);
     uint32_t hist[NBIN] = { 0 };
-    int bad = n <= 64 || !(range > 0) || !(range < 3e38f);
     if (!bad) {
         const float scale = (NBIN - 1) / range;
         for (int j = 0; j < n; j++) {

@@ -49,8 +49,9 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
      * (KV head, part, head of the group) a partial result: max, sum, d outputs */
     const int grp = c->n_head / c->n_kv_head;
     s->dscores = malloc((size_t)s->n_threads * 2 * grp * n_ctx * sizeof(float));
+    s->tip = ko && ko->n_split ? malloc((size_t)c->n_head * n_ctx * sizeof(float)) : NULL;
     s->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
-    if (!s->dscores || !s->dpart) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
+    if (!s->dscores || !s->dpart || (ko && ko->n_split && !s->tip)) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (n_batch > 1 && !s->bscores) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
@@ -71,7 +72,7 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
-    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart); free(s->tip);
     free(s);
 }
 
@@ -299,6 +300,24 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             }
             merge_parts(m, s, P);
         }
+        /* FASA over split keys in decode: TIP for the heads of a KV group in one pass over the
+         * dominant block, the sequence split into parts; each head then selects from its row */
+        const int tip_pre = n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
+                            s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
+                            s->n_past >= s->sparse_from && group <= 8;
+        if (tip_pre) {
+            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1, ns = s->kv.n_split;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            for (int it = 0; it < G * P; it++) {
+                const int g = it / P, p = it % P, tid = omp_get_thread_num();
+                const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
+                float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
+                ops_attn_scores_multi(S, s->q + (size_t)g * group * dh, group, dh, kvcache_k(&s->kv, l, g) + (size_t)a * ns,
+                                      b - a, ns, 1.0f);
+                for (int h = 0; h < group; h++)
+                    memcpy(s->tip + (size_t)(g * group + h) * s->n_ctx + a, S + (size_t)h * (b - a), sizeof(float) * (b - a));
+            }
+        }
         const int halves = n >= 16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
         for (int it = 0; it < (dense_batch ? H * halves : 0); it++) {
@@ -317,10 +336,12 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             int n_sel = -1;
             int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
             if (s->policy && pos >= s->sparse_from) {
-                policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx };
+                policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
+                                      tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL };
                 n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                       s->policy->o.budget, idx, &sc);
-                if (n_sel >= 0) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
+                /* TIP's bytes: the block once per KV group when the group scored together */
+                if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
             }
             if (n_sel < 0) {
                 attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);

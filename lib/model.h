@@ -134,6 +134,7 @@ typedef struct run_state {
     uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes read by attention (incl. selection) */
     float *krow;                 /* (d_head) a rotated key on its way into the cache */
     float *bscores;              /* (n_threads, n_batch, n_ctx) x2 with split keys: batched scores */
+    float *tip;                  /* (n_head, n_ctx) split keys: TIP scores of a decode step */
     float *dscores, *dpart;      /* decode attention split along the sequence: scores, partials */
     double t_attn;               /* seconds in attention (cache writes, selection, softmax) */
 } run_state;

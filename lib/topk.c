@@ -1,6 +1,9 @@
 #include "topk.h"
 
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 void topk_select(uint64_t *a, int n, int k)
 {
@@ -26,9 +29,73 @@ void topk_select(uint64_t *a, int n, int k)
     }
 }
 
+int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
+{
+    float mn = x[0], mx = x[0];
+    int i = 0;
+#ifdef __AVX2__
+    if (n >= 8) {
+        __m256 vmn = _mm256_loadu_ps(x), vmx = vmn;
+        for (i = 8; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            vmn = _mm256_min_ps(vmn, v), vmx = _mm256_max_ps(vmx, v);
+        }
+        float a[8], b[8];
+        _mm256_storeu_ps(a, vmn), _mm256_storeu_ps(b, vmx);
+        for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
+    }
+#endif
+    for (; i < n; i++) mn = x[i] < mn ? x[i] : mn, mx = x[i] > mx ? x[i] : mx;
+    *mn_out = mn, *mx_out = mx;
+    const float range = mx - mn;
+    return range > 0 && range < 3e38f;   /* 0: NaN, infinite or all equal */
+}
+
+/* Histogram select (the bins are a monotone map of the scores, so they never reorder them): the
+ * bin holding the k-th largest is found from counts, and only its tokens are ranked by packed
+ * key. Returns -1 when the scores do not spread over the bins (NaN, infinities, huge outliers such
+ * as forced tokens, or one bin holding an eighth of everything): the quickselect takes over. */
+#define HBINS 1024
+static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
+{
+    float mn, mx;
+    if (!topk_minmax(score, n, &mn, &mx)) return -1;
+    const float scale = (HBINS - 1) / (mx - mn);
+    uint32_t hist[HBINS] = { 0 };
+    for (int i = 0; i < n; i++) {
+        float x = (score[i] - mn) * scale;
+        if (!(x >= 0)) return -1;   /* NaN */
+        int b = (int)x;
+        hist[b < HBINS ? b : HBINS - 1]++;
+    }
+    int B = HBINS - 1, above = 0;
+    while (above + (int)hist[B] < k) above += hist[B--];
+    if ((int)hist[B] > n / 8) return -1;
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        int b = (int)((score[i] - mn) * scale);
+        if ((b < HBINS ? b : HBINS - 1) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
+    }
+    const int need = k - above;
+    topk_select(scratch, nb, need);
+    uint64_t thr = scratch[0];
+    for (int j = 1; j < need; j++) thr = scratch[j] < thr ? scratch[j] : thr;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int b = (int)((score[i] - mn) * scale);
+        b = b < HBINS ? b : HBINS - 1;
+        if (b > B || (b == B && topk_pack(score[i], (uint32_t)i) >= thr)) idx[m++] = i;
+    }
+    return m;
+}
+
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
+    if (n >= 1024 && k < n) {
+        int m = topk_hist(score, n, k, idx, scratch);
+        if (m >= 0) return m;
+    }
     for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i);
     topk_select(scratch, n, k);
     for (int j = 0; j < k; j++) idx[j] = (int32_t)topk_index(scratch[j]);

@@ -21,6 +21,9 @@ static inline uint32_t topk_index(uint64_t key) { return ~(uint32_t)key; }
 /* Afterwards a[0..k) hold the k largest keys of a[0..n), in no particular order. */
 void topk_select(uint64_t *a, int n, int k);
 
+/* Smallest and largest of x[0..n); returns 1 when their difference is finite and positive. */
+int topk_minmax(const float *x, int n, float *mn, float *mx);
+
 /* The min(k, n) best of n scores, as ascending indices. Returns the count. */
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch);
 

@@ -10,6 +10,7 @@
 #include "fixtures.h"
 #include "gguf.h"
 #include "sampler.h"
+#include "topk.h"
 
 Test(calibrate, buckets_match_full_sort)
 {
@@ -295,4 +296,42 @@ Test(calibrate, profile_for_another_model)
     tiny_free(&t1);
     tiny_free(&t2);
     tmpdir_remove(dir);
+}
+
+static int key_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* topk_indices (histogram select, quickselect fallback) against a full sort: smooth scores, heavy
+ * ties, and a huge outlier that squeezes everything else into one bin. */
+Test(calibrate, topk_indices_match_full_sort)
+{
+    uint64_t r = 77;
+    for (int n = 1024; n <= 20000; n = n * 3 + 1) {
+        float *s = malloc(sizeof(float) * n);
+        int32_t *idx = malloc(sizeof(int32_t) * n);
+        uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
+        for (int kind = 0; kind < 3; kind++) {
+            for (int i = 0; i < n; i++)
+                s[i] = kind == 1 ? (float)(int)(sampler_rand(&r) * 50) : sampler_rand(&r) * 8 - 4;
+            if (kind == 2) s[n / 2] = 1e30f;
+            for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
+            qsort(all, n, sizeof *all, key_desc);
+            const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
+            for (int j = 0; j < 6; j++) {
+                const int k = ks[j], m = topk_indices(s, n, k, idx, scratch);
+                cr_assert_eq(m, k);
+                uint8_t *in = calloc(n, 1);
+                for (int q = 0; q < k; q++) in[topk_index(all[q])] = 1;
+                for (int q = 0; q < m; q++) {
+                    cr_assert(in[idx[q]], "n=%d kind=%d k=%d: %d is not in the top k", n, kind, k, idx[q]);
+                    if (q) cr_assert_gt(idx[q], idx[q - 1], "not ascending");
+                }
+                free(in);
+            }
+        }
+        free(s); free(idx); free(scratch); free(all);
+    }
 }
