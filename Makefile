@@ -58,6 +58,15 @@ sanitize:
 	FASA_PROFILE=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.profile.json \
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
 
+# Speed (issue 6): decode tok/s, attention ms, bytes, GB/s and KV memory by tier at cache depths
+# 0..32k for full, fasa-c, fasa-m and quest, medians of 5 runs, ratios printed; plus the CA table.
+# Minutes, not seconds: not part of `make test`.
+BENCH_MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+bench: $(BIN)/fasa
+	@mkdir -p $(BUILD)
+	$(BIN)/fasa bench $(BENCH_MODEL) --task speed --csv $(BUILD)/bench-speed.csv
+	$(BIN)/fasa bench $(BENCH_MODEL) --task ca --csv $(BUILD)/bench-ca.csv
+
 clean:
 	rm -rf build build-asan bin
 
