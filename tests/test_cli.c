@@ -1,5 +1,6 @@
 /* End-to-end: the fasa binary on tiny generated models, on bad input, and on the real model
  * when setup has installed it. FASA_BIN names the binary (make test sets it). */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -203,6 +204,36 @@ Test(cli, real_model_chat_answer, .timeout = 300)
     snprintf(args, sizeof args, "run %s -n 40 --temp 0 'What is the capital of France?'", m);
     cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "Paris") != NULL, "greedy answer lacks 'Paris': %s", out);
+    free(out); free(err);
+}
+
+/* bench --task speed: one row per (policy, depth) with the fields the JSON promises, and FASA-M's
+ * resident KV is the dominant block only: 2F of the 2 x d_head floats a token holds. */
+Test(cli, real_model_speed_rows, .timeout = 600)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("real_model_speed_rows: default model not installed (run scripts/setup.sh)");
+    char *out, *err, args[1200];
+    snprintf(args, sizeof args, "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --json", m);
+    int rc = fasa(args, &out, &err);
+    if (rc != 0 && strstr(err, "profile")) cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cJSON *a = cJSON_Parse(out);
+    cr_assert_not_null(a, "%s", out);
+    cr_expect_eq(cJSON_GetArraySize(a), 4);
+    static const char *const fields[] = { "decode_tok_s", "attn_ms", "bytes_per_token", "gb_s", "roofline",
+                                          "prefill_tok_s", "kv_resident_mb", "kv_cold_mb", "peak_rss_mb" };
+    for (cJSON *r = a->child; r; r = r->next) {
+        for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+            cr_expect(cJSON_IsNumber(cJSON_GetObjectItem(r, fields[i])), "row lacks %s", fields[i]);
+        cr_expect_gt(cJSON_GetObjectItem(r, "decode_tok_s")->valuedouble, 0);
+        const char *pol = cJSON_GetObjectItem(r, "policy")->valuestring;
+        double res = cJSON_GetObjectItem(r, "kv_resident_mb")->valuedouble, tot = cJSON_GetObjectItem(r, "kv_total_mb")->valuedouble;
+        double fcs = cJSON_GetObjectItem(r, "fcs")->valuedouble;
+        if (!strcmp(pol, "fasa-m")) cr_expect_float_eq(res / tot, 2 * fcs / 128.0, 1e-9, "fasa-m resident %g of %g", res, tot);
+        else cr_expect_float_eq(res, tot, 1e-9);
+    }
+    cJSON_Delete(a);
     free(out); free(err);
 }
 
