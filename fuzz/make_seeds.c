@@ -547,6 +547,14 @@ static void seeds_profile_bundle(void)
         profile_free(&p);
     }
     model_close(m);
+    /* a header whose dims would size gigabytes of tables, with almost no data */
+    static const char huge[] =
+        "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1024,"
+        "\"n_head\":1024,\"n_kv_head\":1,\"d_head\":1024,\"qk_hash\":\"0000000000000000\"},\"chunks\":"
+        "{\"definition\":\"plane\",\"count\":512},\"calibration\":{\"sample_hash\":\"0000000000000000\","
+        "\"n_tokens\":1,\"n_prefill\":1,\"n_steps\":1,\"k\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],"
+        "\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[0.5]]]},\"rank\":[[[0]]],\"group_rank\":[[[0]]]}";
+    put("profile", "huge_dims.json", huge, sizeof huge - 1);
 
     /* a GGUF tokenizer exported as tokenizer.json by convert */
     tiny_make(&t, &SMALL_SPEC(TINY_LLAMA));

@@ -314,6 +314,39 @@ static int load_rank(const cJSON *a, int n_outer, int n_inner, int n_chunk, int1
     return 0;
 }
 
+/* The 'ca' object: checked (fill 0) or copied into p->ca (fill 1, once allocated). */
+static int load_ca(profile *p, const cJSON *ca, int fill, const char *path, char *err)
+{
+    const cJSON *v;
+    for (int ki = 0; ki < p->n_k; ki++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", p->ks[ki]);
+        const cJSON *ka = cJSON_IsObject(ca) ? cJSON_GetObjectItemCaseSensitive(ca, key) : NULL;
+        if (!cJSON_IsArray(ka) || cJSON_GetArraySize(ka) != p->n_layer)
+            return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' lacks K=%d for %d layers", path, p->ks[ki], p->n_layer);
+        for (int l = 0; l < p->n_layer; l++) {
+            const cJSON *la = cJSON_GetArrayItem(ka, l);
+            if (!cJSON_IsArray(la) || cJSON_GetArraySize(la) != p->n_head)
+                return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d must have %d heads", path, p->ks[ki], l, p->n_head);
+            for (int h = 0; h < p->n_head; h++) {
+                const cJSON *ha = cJSON_GetArrayItem(la, h);
+                if (!cJSON_IsArray(ha) || cJSON_GetArraySize(ha) != p->n_chunk)
+                    return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d must have %d chunks", path, p->ks[ki], l, h, p->n_chunk);
+                double *dst = fill ? profile_ca(p, ki, l, h) : NULL;
+                int c = 0;
+                cJSON_ArrayForEach(v, ha) {
+                    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1)
+                        return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d chunk %d is not a number in [0, 1]",
+                                          path, p->ks[ki], l, h, c);
+                    if (dst) dst[c] = v->valuedouble;
+                    c++;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 static int profile_from_json(profile *p, const cJSON *o, const char *path, char *err)
 {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
@@ -367,33 +400,12 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
     }
     if (profile_k_index(p, p->rank_k) < 0)
         return fasa_error(err, FASA_EFORMAT, "'%s': rank_k %d is not one of the k values", path, p->rank_k);
-    if ((rc = profile_alloc(p, err)) < 0) return rc;
+    /* The whole 'ca' object is checked before anything sized by the header's dims is allocated:
+     * a few hundred bytes must not make the loader ask for gigabytes. */
     const cJSON *ca = cJSON_GetObjectItemCaseSensitive(o, "ca");
-    for (int ki = 0; ki < p->n_k; ki++) {
-        char key[16];
-        snprintf(key, sizeof key, "%d", p->ks[ki]);
-        const cJSON *ka = cJSON_IsObject(ca) ? cJSON_GetObjectItemCaseSensitive(ca, key) : NULL;
-        if (!cJSON_IsArray(ka) || cJSON_GetArraySize(ka) != p->n_layer)
-            return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' lacks K=%d for %d layers", path, p->ks[ki], p->n_layer);
-        for (int l = 0; l < p->n_layer; l++) {
-            const cJSON *la = cJSON_GetArrayItem(ka, l);
-            if (!cJSON_IsArray(la) || cJSON_GetArraySize(la) != p->n_head)
-                return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d must have %d heads", path, p->ks[ki], l, p->n_head);
-            for (int h = 0; h < p->n_head; h++) {
-                const cJSON *ha = cJSON_GetArrayItem(la, h);
-                if (!cJSON_IsArray(ha) || cJSON_GetArraySize(ha) != p->n_chunk)
-                    return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d must have %d chunks", path, p->ks[ki], l, h, p->n_chunk);
-                double *dst = profile_ca(p, ki, l, h);
-                int c = 0;
-                cJSON_ArrayForEach(v, ha) {
-                    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1)
-                        return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d chunk %d is not a number in [0, 1]",
-                                          path, p->ks[ki], l, h, c);
-                    dst[c++] = v->valuedouble;
-                }
-            }
-        }
-    }
+    if ((rc = load_ca(p, ca, 0, path, err)) < 0 || (rc = profile_alloc(p, err)) < 0 ||
+        (rc = load_ca(p, ca, 1, path, err)) < 0)
+        return rc;
     if ((rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "rank"), p->n_layer, p->n_head, p->n_chunk, p->rank, "rank", path, err)) < 0 ||
         (rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "group_rank"), p->n_layer, p->n_kv_head, p->n_chunk, p->group_rank, "group_rank", path, err)) < 0)
         return rc;

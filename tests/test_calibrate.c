@@ -264,6 +264,21 @@ Test(calibrate, bad_profiles)
     tmpdir_remove(dir);
 }
 
+/* Found while fuzzing profiles (fuzz/fuzz_profile.c): a 440-byte header claiming 1024 layers x
+ * 1024 heads x 512 chunks x 16 K values made the loader allocate 64 GiB before it looked at
+ * the (absent) data; now the data's shape is checked first and the file fails as malformed. */
+Test(calibrate, profile_dims_are_checked_before_allocating)
+{
+    char *dir = tmpdir_make();
+    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\","
+                           "\"n_layer\":1024,\"n_head\":1024,\"n_kv_head\":1,\"d_head\":1024,\"qk_hash\":"
+                           "\"0000000000000001\"},\"chunks\":{\"definition\":\"plane\",\"count\":512},\"calibration\":"
+                           "{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,\"n_steps\":2,"
+                           "\"k\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[0.5]]]}}",
+                      "'ca' lacks K=1 for 1024 layers");
+    tmpdir_remove(dir);
+}
+
 /* A profile calibrated on one model is refused for another. */
 Test(calibrate, profile_for_another_model)
 {
