@@ -128,8 +128,9 @@ Test(help, make_install_prefix, .timeout = 120)
     cr_assert(root != NULL, "no source tree above '%s'", fasa_bin());
     char *prefix = tmpdir_make();
     char line[3 * PATH_MAX], p[PATH_MAX + 128], *out, *err;
-    /* make test's own flags (BUILD, BIN of a sanitizer run) reach this make through MAKEFLAGS */
-    snprintf(line, sizeof line, "make -s -C %s install PREFIX=%s", root, prefix);
+    /* make test's own flags (BUILD, BIN of a sanitizer run) reach this make through MAKEFLAGS;
+     * -o all: install what make test built, never relink it under the other tests' feet */
+    snprintf(line, sizeof line, "make -s -C %s -o all install PREFIX=%s", root, prefix);
     cr_assert_eq(sh(line, &out, &err), 0, "make install failed:\n%s\n%s", out, err);
     free(out); free(err);
 
