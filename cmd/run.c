@@ -34,6 +34,8 @@ static const char usage_text[] =
     "      --per-head        fasa-c: each head scores its own top F chunks, gathered from whole\n"
     "                        key rows (default: its KV group's top F chunks, which the cache keeps\n"
     "                        as one contiguous block per key, so TIP reads only that block)\n"
+    "      --order-chunks    full: order every key's dims by the profile's group ranking, as fasa-c\n"
+    "                        does (a converted model's arithmetic, float sums in the same order)\n"
     "      --kv-cold DIR     fasa-m: directory for the cold tier's file (default: $TMPDIR or /tmp);\n"
     "                        the file is unlinked as soon as it is open\n"
     "  -n, --n-predict N     tokens to generate (default 256; 0: prompt only)\n"
@@ -57,7 +59,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -73,6 +75,7 @@ static const struct option long_opts[] = {
     { "fcs", required_argument, 0, OPT_FCS },    { "dense-layers", required_argument, 0, OPT_DENSE },
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
+    { "order-chunks", no_argument, 0, OPT_ORDER },
     { 0, 0, 0, 0 },
 };
 
@@ -137,7 +140,7 @@ int cmd_run(int argc, char **argv)
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
     const char *mode = NULL, *prof_path = NULL;
     long budget = 256, fcs = 0, dense_layers = 1;
-    int group = 0, on_cuda = 0, per_head = 0;
+    int group = 0, on_cuda = 0, per_head = 0, order_chunks = 0;
     const char *kv_cold = NULL;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
@@ -157,6 +160,7 @@ int cmd_run(int argc, char **argv)
         case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return EXIT_USAGE; break;
         case OPT_GROUP: group = 1; break;
         case OPT_PER_HEAD: per_head = 1; break;
+        case OPT_ORDER: order_chunks = 1; break;
         case OPT_KV_COLD: kv_cold = optarg; break;
         case OPT_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
@@ -258,6 +262,14 @@ int cmd_run(int argc, char **argv)
                  fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers,
                  dense_layers == 1 ? "" : "s", group ? ", per-KV-head selection" : "",
                  kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
+    } else if (order_chunks) {
+        if (!prof_path) { status = die_usage("--order-chunks needs a profile (-p)"); goto out; }
+        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0 ||
+            model_rank_chunks(m, &prof, err) < 0) {
+            die("%s", err);
+            goto out;
+        }
+        snprintf(mode_note, sizeof mode_note, "full attention, key dims in the order of '%s'", prof_path);
     } else if (!mode) {
         snprintf(mode_note, sizeof mode_note, "full attention (no profile: 'fasa calibrate %s' enables fasa-c)", model_path);
     }

@@ -701,5 +701,22 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
         cr_expect_str_eq(o2, out, "%s: the bundle's greedy tokens differ from the original's", modes[i]);
         free(out); free(er); free(o2); free(e2);
     }
+    /* full-mode logits of every prompt position: the bundle against the original with its key
+     * dims in the same (profile) order, so float sums run in the same order */
+    char la[800], lb[800];
+    snprintf(la, sizeof la, "%s/a.f32", dir);
+    snprintf(lb, sizeof lb, "%s/b.f32", dir);
+    snprintf(args, sizeof args, "run %s --mode full -p %s --order-chunks --raw -n 0 --dump-logits %s %s", m, prof, la, prompt);
+    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    free(out); free(er);
+    snprintf(args, sizeof args, "run %s --mode full --raw -n 0 --dump-logits %s %s", bundle, lb, prompt);
+    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    free(out); free(er);
+    size_t na, nb;
+    char *a = cv_read(la, &na), *b = cv_read(lb, &nb);
+    cr_assert(a && b && na == nb && na > 0);
+    double d = cv_rel((const float *)b, (const float *)a, na / sizeof(float));
+    cr_expect_leq(d, 1e-6, "converted vs original full-mode logits: max relative difference %g", d);
+    free(a); free(b);
     tmpdir_remove(dir);
 }
