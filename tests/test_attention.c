@@ -279,3 +279,34 @@ Test(attention, oracle_ca_bounds_every_policy, .timeout = 120)
     free(rows);
     env_close(&e);
 }
+
+/* The bytes a decode step reads, as the code counts them: with split keys, TIP streams t x 2F
+ * floats once per KV head (its query heads score together) and focused attention reads N whole
+ * key and value rows per query head; a dense layer reads t rows of keys and values per KV head. */
+Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
+{
+    env e;
+    env_open(&e, 44);
+    char err[FASA_ERRLEN];
+    const model_config *c = &e.m->cfg;
+    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    policy pol;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.block = 1;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    run_state *s = run_state_new_kv(e.m, 260, 64, &(kv_opts){ .n_split = 4 }, err);
+    cr_assert_not_null(s, "%s", err);
+    for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+    s->policy = &pol;
+    s->sparse_from = 200;
+    const uint64_t b0 = run_state_kv_bytes_read(s);
+    cr_assert_eq(model_forward(e.m, s, e.ids + 200, 1, 0, err), 0, "%s", err);
+    const uint64_t got = run_state_kv_bytes_read(s) - b0, t = 201, f = sizeof(float), d = c->d_head;
+    const uint64_t dense = t * 2 * d * f * c->n_kv_head;                                   /* layer 0 */
+    const uint64_t sparse = t * 4 * f * c->n_kv_head + 24 * 2 * d * f * c->n_head;         /* each later layer */
+    cr_expect_eq(got, dense + (c->n_layer - 1) * sparse, "counted %llu bytes, expected %llu", (unsigned long long)got,
+                 (unsigned long long)(dense + (c->n_layer - 1) * sparse));
+    run_state_free(s);
+    policy_free(&pol);
+    env_close(&e);
+}
