@@ -96,6 +96,8 @@ Test(cli, exit_status_rule)
         { "bench /nonexistent/m.gguf --task nosuch", 2 },
         { "bench /nonexistent/m.gguf --task ca --budget 1,x", 2 },
         { "bench /nonexistent/m.gguf --task ca --k 256,64", 2 },
+        { "run -m /nonexistent/m.gguf --device gpu hi", 2 },
+        { "bench /nonexistent/m.gguf --task speed --repeats 0", 2 },
         { "run /nonexistent/m.gguf hi", 1 },
         { "run -m /nonexistent/m.gguf --mode fasa-m hi", 1 },
         { "inspect /nonexistent/dir", 1 },
