@@ -153,10 +153,11 @@ $(FUZZ_BUILD)/seeds:
 
 # --- CUDA (issue 7) ---
 # CUDA=1 (the default when nvcc is on PATH) compiles kernels/*.cu into the library for sm_80 and
-# sm_90 and links cudart and cuBLAS; CUDA=0 puts kernels/fasa_cuda_stub.c's "built without CUDA"
-# there instead. The stub is compiled either way and depends on a stamp of the setting, so
-# switching CUDA rebuilds the library. `make cuda-check`: every kernel for each architecture on
-# its own, warnings (nvcc's, gcc's, ptxas's, register spills too) as errors.
+# sm_90 and links the CUDA runtime statically (cuBLAS is dlopen'ed on first use: linked, its
+# 600 MB of libraries cost every process start 0.3-0.4 s); CUDA=0 puts kernels/fasa_cuda_stub.c's
+# "built without CUDA" there instead. The stub is compiled either way and depends on a stamp of
+# the setting, so switching CUDA rebuilds the library. `make cuda-check`: every kernel for each
+# architecture on its own, warnings (nvcc's, gcc's, ptxas's, register spills too) as errors.
 CUDA       ?= $(if $(shell command -v nvcc),1,0)
 NVCC       ?= nvcc
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
@@ -171,7 +172,7 @@ KERNEL_OBJ := $(BUILD)/kernels/fasa_cuda_stub.o
 ifeq ($(CUDA),1)
 KERNEL_OBJ += $(CUDA_OBJ)
 CFLAGS     += -DFASA_CUDA=1
-LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 .PHONY: cuda-check cuda-setting

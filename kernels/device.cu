@@ -82,7 +82,7 @@ extern "C" void fasa_cuda_close(fasa_cuda *cu)
     cudaSetDevice(cu->device);
     if (cu->stream) cudaStreamSynchronize(cu->stream);
     if (cu->copy) cudaStreamSynchronize(cu->copy);
-    if (cu->blas) cublasDestroy(cu->blas);
+    fasa_cuda_blas_release(cu);
     if (cu->part) cudaFree(cu->part);
     if (cu->stream) cudaStreamDestroy(cu->stream);
     if (cu->copy) cudaStreamDestroy(cu->copy);

@@ -17,10 +17,13 @@ struct fasa_cuda {
     int device;
     cudaStream_t stream;      /* kernels */
     cudaStream_t copy;        /* FASA-M fetches through the copy engine */
-    cublasHandle_t blas;      /* created on first use */
+    cublasHandle_t blas;      /* created on first use (cuBLAS is dlopen'ed then: matvec.cu) */
     float *part;              /* split-K partials, (n_head, n_split, d + 2) */
     size_t part_cap;          /* floats */
 };
+
+/* Destroys the context's cuBLAS handle, if it has one (matvec.cu). */
+void fasa_cuda_blas_release(fasa_cuda *cu);
 
 /* "cudaMalloc: out of memory" (with what, when given, in parentheses). */
 static inline int fasa_cuda_fail(char *err, cudaError_t e, const char *call, const char *what = nullptr)

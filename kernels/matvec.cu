@@ -1,5 +1,10 @@
 /* matvec.cu - y = W x for the projections: f16 weights with a warp per row (the lane order of
- * fasa_matvec_lane, then a butterfly sum), f32 weights through cuBLAS. */
+ * fasa_matvec_lane, then a butterfly sum), f32 weights through cuBLAS.
+ *
+ * cuBLAS is loaded with dlopen on first use, not linked: linked, its libraries (over 500 MB with
+ * cuBLASLt) are mapped at every start of fasa and of every test process, 0.3-0.4 s each here. */
+#include <dlfcn.h>
+
 #include "fasa_cuda_internal.cuh"
 
 #define MATVEC_WARPS 8
@@ -35,6 +40,50 @@ extern "C" int fasa_cuda_matvec_f16(fasa_cuda *cu, float *y, const uint16_t *W, 
     return fasa_cuda_launched(err, "matvec_f16_kernel");
 }
 
+#define FASA_STR_(x) #x
+#define FASA_STR(x) FASA_STR_(x)
+
+static struct {
+    pthread_mutex_t lock;
+    void *lib;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSgemv_v2) sgemv;
+} blas = { PTHREAD_MUTEX_INITIALIZER, nullptr, nullptr, nullptr, nullptr, nullptr };
+
+static int blas_load(char *err)
+{
+    static const char name[] = "libcublas.so." FASA_STR(CUBLAS_VER_MAJOR);
+    pthread_mutex_lock(&blas.lock);
+    int r = 0;
+    if (!blas.lib) {
+        void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            r = fasa_error(err, FASA_EUNSUPPORTED, "dlopen %s: %s", name, dlerror());
+        } else {
+            blas.create = (decltype(blas.create))dlsym(lib, "cublasCreate_v2");
+            blas.destroy = (decltype(blas.destroy))dlsym(lib, "cublasDestroy_v2");
+            blas.set_stream = (decltype(blas.set_stream))dlsym(lib, "cublasSetStream_v2");
+            blas.sgemv = (decltype(blas.sgemv))dlsym(lib, "cublasSgemv_v2");
+            if (!blas.create || !blas.destroy || !blas.set_stream || !blas.sgemv) {
+                r = fasa_error(err, FASA_EUNSUPPORTED, "dlsym: %s lacks cublasSgemv_v2 or its companions", name);
+                dlclose(lib);
+            } else {
+                blas.lib = lib;   /* kept for the life of the process */
+            }
+        }
+    }
+    pthread_mutex_unlock(&blas.lock);
+    return r;
+}
+
+void fasa_cuda_blas_release(fasa_cuda *cu)
+{
+    if (cu->blas && blas.destroy) blas.destroy(cu->blas);
+    cu->blas = nullptr;
+}
+
 static const char *blas_status(cublasStatus_t s)
 {
     switch (s) {
@@ -54,17 +103,19 @@ extern "C" int fasa_cuda_matvec_f32(fasa_cuda *cu, float *y, const float *W, con
                                     char *err)
 {
     if (rows < 1 || cols < 1) return fasa_error(err, FASA_EARG, "matvec of a %d x %d matrix", rows, cols);
+    const int r = blas_load(err);
+    if (r < 0) return r;
     cublasStatus_t s;
     if (!cu->blas) {
-        if ((s = cublasCreate(&cu->blas)) != CUBLAS_STATUS_SUCCESS) {
+        if ((s = blas.create(&cu->blas)) != CUBLAS_STATUS_SUCCESS) {
             cu->blas = nullptr;
             return fasa_error(err, FASA_EIO, "cublasCreate: %s", blas_status(s));
         }
-        if ((s = cublasSetStream(cu->blas, cu->stream)) != CUBLAS_STATUS_SUCCESS)
+        if ((s = blas.set_stream(cu->blas, cu->stream)) != CUBLAS_STATUS_SUCCESS)
             return fasa_error(err, FASA_EIO, "cublasSetStream: %s", blas_status(s));
     }
     const float one = 1.0f, zero = 0.0f;
-    if ((s = cublasSgemv(cu->blas, CUBLAS_OP_T, cols, rows, &one, W, cols, x, 1, &zero, y, 1)) != CUBLAS_STATUS_SUCCESS)
+    if ((s = blas.sgemv(cu->blas, CUBLAS_OP_T, cols, rows, &one, W, cols, x, 1, &zero, y, 1)) != CUBLAS_STATUS_SUCCESS)
         return fasa_error(err, FASA_EIO, "cublasSgemv (%d x %d): %s", rows, cols, blas_status(s));
     return 0;
 }
