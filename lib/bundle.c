@@ -426,11 +426,14 @@ out:
     return rc;
 }
 
+/* Only what bundle_write makes: tar, plain or zstd. Not archive_read_support_filter_all, whose
+ * lrzip, grzip, lzop (and others, depending on the build) run an external program on the
+ * file's bytes: a hostile .fasa must not choose what fasa executes. */
 static struct archive *reader_new(void)
 {
     struct archive *a = archive_read_new();
     if (a) {
-        archive_read_support_filter_all(a);
+        archive_read_support_filter_zstd(a);   /* ARCHIVE_WARN: runs zstd -d, as the writer would */
         archive_read_support_format_tar(a);
     }
     return a;

@@ -499,6 +499,28 @@ Test(convert, corrupted_bundles_fail_with_one_line, .timeout = 60)
     cenv_close(&e);
 }
 
+/* Found while writing fuzz_bundle: the reader enabled every libarchive filter, so a file with an
+ * lrzip (or grzip, lzop, ...) magic made fasa try to run that program on it. Only tar and zstd,
+ * what bundle_write makes, are read now; other compressions are not a bundle. */
+Test(convert, bundle_reader_runs_no_external_programs)
+{
+    static const struct { char magic[16]; const char *name; } magics[] = {
+        { "LRZI\0\x06", "lrzip" }, { "GRZipII\0\x02\x04:)", "grzip" },
+        { "\x89LZO\0\r\n\x1a\n", "lzop" }, { "\x1f\x8b\x08\0", "gzip" },
+    };
+    char *dir = tmpdir_make();
+    for (size_t i = 0; i < sizeof magics / sizeof *magics; i++) {
+        char p[600], data[1024] = { 0 }, err[FASA_ERRLEN] = "";
+        memcpy(data, magics[i].magic, sizeof magics[i].magic);
+        snprintf(p, sizeof p, "%s/%s.fasa", dir, magics[i].name);
+        cv_write(p, data, sizeof data);
+        cr_expect_lt(bundle_open(p, NULL, err), 0, "%s accepted", p);
+        cr_expect(strstr(err, "not a fasa bundle") != NULL, "'%s'", err);
+        cr_expect(strstr(err, "program") == NULL, "%s: '%s'", magics[i].name, err);
+    }
+    tmpdir_remove(dir);
+}
+
 /* ---------------------------------------------------------------- failures leave nothing */
 
 static void expect_convert_fails(cenv *e, convert_opts *o, const char *out, const char *needle)
