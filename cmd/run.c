@@ -214,8 +214,10 @@ int cmd_run(int argc, char **argv)
     kv_opts kvo = { 0 };
     int fasa = 0;
     char defp[4096], mode_note[4600] = "full attention";
+    char bundle_prof[4200] = "";
     if (!prof_path && (!mode || strcmp(mode, "full"))) {
         if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
+        else if (m->bundle_profile) snprintf(bundle_prof, sizeof bundle_prof, "%s:profile.json", model_path), prof_path = bundle_prof;
     }
     if (kv_cold && (!mode || strcmp(mode, "fasa-m"))) {
         status = die_usage("--kv-cold is for --mode fasa-m");
@@ -226,7 +228,9 @@ int cmd_run(int argc, char **argv)
         goto out;
     }
     if (prof_path && (!mode || strcmp(mode, "full"))) {
-        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0) {
+        int lrc = prof_path == bundle_prof ? profile_parse(&prof, m->bundle_profile, m->bundle_profile_len, prof_path, err)
+                                           : profile_load(&prof, prof_path, err);
+        if (lrc < 0 || profile_check_model(&prof, m, prof_path, err) < 0) {
             die("%s", err);
             goto out;
         }

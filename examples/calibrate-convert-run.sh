@@ -46,10 +46,8 @@ echo "== 2. convert: dominant key dims first, packed as one .fasa bundle" >&2
 rm -f "$bundle"
 run "$FASA" convert "$model" -p "$profile" -o "$bundle"
 
-# run finds a model's profile beside it (NAME.profile.json), not inside a bundle: take out the
-# bundle's copy, whose weight hash matches the reordered weights.
+# run uses the bundle's own profile.json (its weight hash matches the reordered weights).
 echo "== 3. run from the bundle with FASA" >&2
-run tar -xOf "$bundle" profile.json > "${bundle%.fasa}.profile.json"
 run "$FASA" run "$bundle" -n "$n" "$prompt"
 
 echo "== done: profile '$profile', bundle '$bundle'" >&2

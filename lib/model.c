@@ -581,6 +581,24 @@ int model_open(model **out, const char *path, char *err)
         m->source = MODEL_SOURCE_SAFETENSORS;
         if ((rc = bundle_extract_temp(path, dir, sizeof dir, err)) == 0) {
             rc = open_hf(m, dir, err);
+            /* the bundle's profile, kept for `fasa run X.fasa` (the files go away now) */
+            char pj[4200];
+            snprintf(pj, sizeof pj, "%s/profile.json", dir);
+            FILE *pf = rc == 0 ? fopen(pj, "rb") : NULL;
+            if (pf) {
+                fseek(pf, 0, SEEK_END);
+                long len = ftell(pf);
+                fseek(pf, 0, SEEK_SET);
+                if (len > 0 && (m->bundle_profile = malloc(len + 1)) &&
+                    fread(m->bundle_profile, 1, len, pf) == (size_t)len) {
+                    m->bundle_profile[len] = 0;
+                    m->bundle_profile_len = (size_t)len;
+                } else {
+                    free(m->bundle_profile);
+                    m->bundle_profile = NULL;
+                }
+                fclose(pf);
+            }
             bundle_remove_dir(dir);
             const char *base = strrchr(path, '/');
             snprintf(m->name, sizeof m->name, "%.*s", (int)strlen(base ? base + 1 : path) - 5, base ? base + 1 : path);
@@ -614,6 +632,7 @@ int model_open(model **out, const char *path, char *err)
 void model_close(model *m)
 {
     if (!m) return;
+    free(m->bundle_profile);
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layer; l++) {
             layer_weights *L = &m->layers[l];

@@ -74,6 +74,8 @@ struct model {
     int64_t n_params;
     size_t weight_bytes;
     void *file;                  /* gguf_file or st_sharded */
+    char *bundle_profile;        /* a .fasa bundle's profile.json text, or NULL */
+    size_t bundle_profile_len;
 };
 
 int  model_open(model **out, const char *path, char *err);
