@@ -123,7 +123,9 @@ static int read_ids(const char *path, int32_t **out, int n_vocab)
 /* --device cuda. The kernels (kernels/fasa_cuda.h, fasa_cuda_attend) can take over the decode
  * step's dense and focused attention, but lib/forward.c has no attention hook to call them from
  * yet, so nothing would run on the device: say what was found, and stop rather than pretend. */
-static int run_device_cuda(void)
+/* --device cuda: a device with fasa's kernels must exist; decode attention then runs on it
+ * through the forward pass's attention hook (fasa_cuda_attend mirrors the CPU cache as f16). */
+static int cuda_device_check(void)
 {
     char err[FASA_ERRLEN];
     fasa_cuda_device dev;
@@ -131,9 +133,19 @@ static int run_device_cuda(void)
     if (!dev.has_kernels)
         return die("--device cuda: '%s' has compute capability %d.%d; fasa's kernels are built for sm_80 and sm_90",
                    dev.name, dev.cc_major, dev.cc_minor);
-    return die("--device cuda: found '%s' (compute %d.%d), but the forward pass (lib/forward.c) has no attention "
-               "hook to hand its decode attention to the kernels yet; nothing has run on it; use --device cpu",
-               dev.name, dev.cc_major, dev.cc_minor);
+    return 0;
+}
+
+typedef struct cuda_hook { fasa_cuda *cu; fasa_cuda_kv *kv; int group; } cuda_hook;
+
+static int cuda_attend(void *ctx, const run_state *s, int layer, int head, int pos, const float *q, const int32_t *idx,
+                       int n, float *out, char *err)
+{
+    const cuda_hook *c = ctx;
+    const kvcache *kv = &s->kv;
+    const int g = head / c->group;
+    return fasa_cuda_attend(c->kv, layer, head, kvcache_k(kv, layer, g), kv->n_split ? kvcache_kr(kv, layer, g) : NULL,
+                            kvcache_v(kv, layer, g), pos + 1, q, idx, n, out, err);
 }
 
 int cmd_run(int argc, char **argv)
@@ -142,6 +154,7 @@ int cmd_run(int argc, char **argv)
     const char *mode = NULL, *prof_path = NULL;
     long budget = 256, fcs = 0, dense_layers = 1;
     int group = 0, on_cuda = 0, per_head = 0, order_chunks = 0;
+    cuda_hook hook = { 0 };
     const char *kv_cold = NULL;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
@@ -190,7 +203,7 @@ int cmd_run(int argc, char **argv)
     if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;
     if (rest > 1) return die_usage("too many arguments; see 'fasa run --help'");
     if (rest == 1) prompt = argv[optind];
-    if (on_cuda) return run_device_cuda();   /* after the usage checks, before any model is looked for */
+    if (on_cuda && cuda_device_check()) return 1;   /* after the usage checks, before any model is looked for */
     if (!model_path && !(model_path = default_model_path()))
         return die_usage("no model given and no default model found: give MODEL or set FASA_MODEL "
                          "(scripts/setup.sh installs one)");
@@ -342,6 +355,19 @@ int cmd_run(int argc, char **argv)
         if (dump) memcpy(all + (size_t)i * cfg->n_vocab, s->logits, sizeof(float) * nb * cfg->n_vocab);
     }
     double t_prefill = fasa_now() - t0;
+    /* --device cuda: the decode steps' attention on the device (prefill stays on the CPU) */
+    hook.group = cfg->n_head / cfg->n_kv_head;
+    if (on_cuda) {
+        if (fasa_cuda_open(&hook.cu, 0, err) < 0 ||
+            fasa_cuda_kv_open(hook.cu, &hook.kv, cfg->n_layer, cfg->n_head, cfg->n_kv_head, (int)n_ctx, cfg->d_head,
+                              s->kv.n_split, err) < 0) {
+            die("--device cuda: %s", err);
+            goto out_state;
+        }
+        s->attend_hook = cuda_attend;
+        s->attend_ctx = &hook;
+        snprintf(mode_note + strlen(mode_note), sizeof mode_note - strlen(mode_note), "; decode attention on CUDA device 0");
+    }
     if (dump) {
         if (write_file_atomic(dump, all, sizeof(float) * n_prompt * cfg->n_vocab)) goto out_state;
     }
@@ -422,6 +448,8 @@ out_gen:
     free(gen);
     free(out_text);
 out_state:
+    if (hook.kv) fasa_cuda_kv_close(hook.kv);
+    if (hook.cu) fasa_cuda_close(hook.cu);
     free(all);
     sampler_free(&sp);
     run_state_free(s);

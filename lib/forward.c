@@ -1,6 +1,7 @@
 /* forward.c - the decoder forward pass over a batch of tokens (prefill) or one token (decode). */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,6 +251,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             return fasa_error(err, FASA_EARG, "token id %d is outside the vocabulary (%d)", tokens[i], c->n_vocab);
 
     for (int i = 0; i < n; i++) weight_row(&m->tok_embd, tokens[i], s->x + (size_t)i * D);
+    int hook_failed = 0;
+    char hook_err[FASA_ERRLEN] = "";
 
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
@@ -283,11 +286,11 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         if (s->stats) attn_stats_append(s->stats, s, l, s->n_past + n);
         /* a batch with no sparse query: per head, all its queries in one pass over the cache
          * (in two halves, so two threads share nine heads evenly) */
-        const int dense_batch = n > 1 && n <= 512 && s->bscores && (!s->policy || s->n_past + n <= s->sparse_from);
+        const int dense_batch = !s->attend_hook && n > 1 && n <= 512 && s->bscores && (!s->policy || s->n_past + n <= s->sparse_from);
         /* one decode query in a layer where every head attends densely, nobody watching: by KV
          * group, the sequence split into parts */
         const int t1 = s->n_past + 1;
-        const int dense_decode = n == 1 && !s->obs && !s->stats && c->n_head / c->n_kv_head <= 8 && dh <= 1024 &&
+        const int dense_decode = !s->attend_hook && n == 1 && !s->obs && !s->stats && c->n_head / c->n_kv_head <= 8 && dh <= 1024 &&
                                  (!s->policy || s->n_past < s->sparse_from || s->policy->o.kind == POLICY_FULL ||
                                   s->policy->o.budget >= t1 || l < s->policy->o.n_dense_layers);
         if (dense_decode) {
@@ -302,7 +305,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         }
         /* FASA over split keys in decode: TIP for the heads of a KV group in one pass over the
          * dominant block, the sequence split into parts; each head then selects from its row */
-        const int tip_pre = n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
+        const int tip_pre = !s->attend_hook && n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
                             s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
                             s->n_past >= s->sparse_from && group <= 8;
         if (tip_pre) {
@@ -343,7 +346,14 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 /* TIP's bytes: the block once per KV group when the group scored together */
                 if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
             }
-            if (n_sel < 0) {
+            if (s->attend_hook) {
+                char herr[FASA_ERRLEN];
+                if (s->attend_hook(s->attend_ctx, s, l, h, pos, q, n_sel < 0 ? NULL : idx, n_sel < 0 ? pos + 1 : n_sel, out, herr) < 0) {
+#pragma omp critical(fasa_hook_err)
+                    if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
+                }
+                s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * sizeof(float);
+            } else if (n_sel < 0) {
                 attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
                 s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * sizeof(float);
                 if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
@@ -355,6 +365,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         }
         if (s->stats) attn_stats_reduce(s->stats, l);
         s->t_attn += fasa_now() - t_attn0;
+        if (hook_failed) return fasa_error(err, FASA_EIO, "%s", hook_err);
 
         ops_matmul(s->xb, &L->wo, s->att_out, n);
         for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];

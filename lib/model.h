@@ -137,6 +137,13 @@ typedef struct run_state {
     float *krow;                 /* (d_head) a rotated key on its way into the cache */
     float *bscores;              /* (n_threads, n_batch, n_ctx) x2 with split keys: batched scores */
     float *tip;                  /* (n_head, n_ctx) split keys: TIP scores of a decode step */
+    /* Another engine for the attention step (a GPU): given a query and the rows to read (idx
+     * NULL: 0..n-1) at position pos, it writes out[d_head] and returns 0, or < 0 with a message in err. While
+     * set, every query goes through the one-query path and calls it instead of the CPU kernels
+     * (selection stays on the CPU). */
+    int (*attend_hook)(void *ctx, const struct run_state *s, int layer, int head, int pos, const float *q,
+                       const int32_t *idx, int n, float *out, char *err);
+    void *attend_ctx;
     float *dscores, *dpart;      /* decode attention split along the sequence: scores, partials */
     double t_attn;               /* seconds in attention (cache writes, selection, softmax) */
 } run_state;

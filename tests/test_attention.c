@@ -310,3 +310,63 @@ Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
     policy_free(&pol);
     env_close(&e);
 }
+
+/* The attention hook (what --device cuda plugs into): a hook doing the same arithmetic with the
+ * scalar kernels gives the same logits, dense and focused, so queries reach it with the right
+ * rows; an error it returns stops the step with its message. */
+static int hook_calls;
+static int cpu_hook(void *ctx, const run_state *s, int layer, int head, int pos, const float *q, const int32_t *idx,
+                    int n, float *out, char *err)
+{
+    const kvcache *kv = &s->kv;
+    const int d = kv->d_head, g = head / (int)(intptr_t)ctx;
+    float *p = malloc(sizeof(float) * n);
+    if (idx) ops_attn_scores_idx_ref(p, q, kvcache_k(kv, layer, g), idx, n, d, 1.0f / sqrtf((float)d));
+    else ops_attn_scores_ref(p, q, kvcache_k(kv, layer, g), n, d, 1.0f / sqrtf((float)d));
+    cr_assert(idx || n == pos + 1);
+    ops_softmax_ref(p, n);
+    if (idx) ops_attn_accum_idx_ref(out, p, kvcache_v(kv, layer, g), idx, n, d);
+    else ops_attn_accum_ref(out, p, kvcache_v(kv, layer, g), n, d);
+    free(p);
+    __atomic_add_fetch(&hook_calls, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+static int failing_hook(void *ctx, const run_state *s, int layer, int head, int pos, const float *q, const int32_t *idx,
+                        int n, float *out, char *err)
+{
+    return fasa_error(err, FASA_EIO, "device lost");
+}
+
+Test(attention, attend_hook_gets_the_same_rows, .timeout = 60)
+{
+    env e;
+    env_open(&e, 45);
+    char err[FASA_ERRLEN];
+    const model_config *c = &e.m->cfg;
+    policy pol;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    const int V = c->n_vocab;
+    float *want = decode_logits(&e, &pol, 200, 240, 1);
+    run_state *s = run_state_new(e.m, 240, 64, err);
+    for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+    s->policy = &pol, s->sparse_from = 200;
+    s->attend_hook = cpu_hook, s->attend_ctx = (void *)(intptr_t)(c->n_head / c->n_kv_head);
+    hook_calls = 0;
+    float *got = malloc(sizeof(float) * 40 * V);
+    for (int i = 200; i < 240; i++) {
+        cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+        memcpy(got + (size_t)(i - 200) * V, s->logits, sizeof(float) * V);
+    }
+    cr_expect_eq(hook_calls, 40 * c->n_layer * c->n_head);
+    cr_expect_leq(max_rel(got, want, (size_t)40 * V), 1e-5);
+    s->attend_hook = failing_hook;
+    s->n_past = 230;
+    cr_expect_lt(model_forward(e.m, s, e.ids + 100, 1, 0, err), 0);
+    cr_expect(strstr(err, "device lost") != NULL, "%s", err);
+    run_state_free(s);
+    policy_free(&pol);
+    free(want); free(got);
+    env_close(&e);
+}
