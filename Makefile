@@ -267,9 +267,10 @@ valgrind: all $(VG_SUPP)
 
 # --- bench-compare (issue 6) ---
 # make bench-compare: llama.cpp (llama-cpp-python, built into .venv by scripts/setup-llamacpp.sh
-# on first use: 10-20 minutes) and fasa on the same model file, threads and depths; decode tok/s
+# on first use: a long compile) and fasa on the same model file, threads and depths; decode tok/s
 # side by side with the ratio fasa/llama.cpp. BENCH_COMPARE_ARGS passes more options, e.g.
-# BENCH_COMPARE_ARGS="--threads 1 --depths 0,1024,4096 --json".
+# BENCH_COMPARE_ARGS="--threads 1 --depths 0,1024,4096 --json". On a busy machine both engines'
+# spinning OpenMP threads make 2-thread numbers swing: OMP_WAIT_POLICY=passive make bench-compare.
 BENCH_COMPARE_MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 BENCH_COMPARE_ARGS  ?=
 

@@ -6,10 +6,14 @@ BOS token), then times --steps single-token decode steps (greedy) --repeats time
 cache to the prompt before each repeat; decode tok/s is the median over the repeats. Then fasa
 runs its own speed task on the same model, threads and depths:
 
-    fasa bench MODEL --task speed --depths D1,D2 --policy full --threads T --json
+    fasa bench MODEL --task speed --depths D1,D2 --policy full --threads T \
+        --steps N --repeats R --json
 
 and the table gives llama.cpp tok/s, fasa tok/s and fasa/llama.cpp per depth. Both run with
-their own defaults (OpenMP and environment untouched); the environment is recorded in --json.
+their own defaults (OpenMP and environment untouched); the environment (OMP_*, GGML_*, ...
+variables, nice value, load average) is recorded in --json. Both engines use OpenMP with spinning
+barriers, so on a machine busy with other work the numbers swing widely; compare
+OMP_WAIT_POLICY=passive runs, set in the environment for both alike, when the load is high.
 
 Exit status: 0 when both halves ran, 1 when either failed (llama.cpp's numbers are still printed
 when fasa fails), 2 for a usage error. Needs llama-cpp-python in the running Python
@@ -75,9 +79,8 @@ def cpu_model():
 
 
 def environment():
-    keys = sorted(k for k in os.environ
-                  if k.startswith(("OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_", "OPENBLAS_", "FASA_"))
-                  or k in ("MKL_NUM_THREADS",))
+    prefixes = ("OMP_", "GOMP_", "KMP_", "GGML_", "LLAMA_", "OPENBLAS_", "FASA_")
+    keys = sorted(k for k in os.environ if k.startswith(prefixes) or k == "MKL_NUM_THREADS")
     try:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True, timeout=10).stdout.strip() or None
@@ -87,6 +90,7 @@ def environment():
         "cpu": cpu_model(),
         "nproc": os.cpu_count(),
         "loadavg_start": loadavg(),
+        "nice": os.nice(0),
         "python": platform.python_version(),
         "fasa_commit": commit,
         "env": {k: os.environ[k] for k in keys},
@@ -204,9 +208,10 @@ def run_llamacpp(model, depths, threads, steps, repeats, warmup, flash_attn):
 # fasa half
 # ---------------------------------------------------------------------------------------------
 
-def run_fasa(fasa, model, depths, threads, extra):
+def run_fasa(fasa, model, depths, threads, steps, repeats, extra):
     cmd = [fasa, "bench", model, "--task", "speed", "--depths", ",".join(map(str, depths)),
-           "--policy", "full", "--threads", str(threads), "--json"] + extra
+           "--policy", "full", "--threads", str(threads), "--steps", str(steps),
+           "--repeats", str(repeats), "--json"] + extra
     info = {"command": cmd}
     if not (os.path.isfile(fasa) and os.access(fasa, os.X_OK)):
         info["error"] = f"{fasa} is not an executable file (make bin/fasa)"
@@ -267,9 +272,9 @@ def main():
                     help="cache depths, comma-separated (default: 0,4096)")
     ap.add_argument("--threads", "-t", type=positive, default=2, help="threads (default: 2)")
     ap.add_argument("--steps", type=positive, default=64,
-                    help="decode steps per repeat for llama.cpp (default: 64)")
+                    help="decode steps per repeat, both engines (default: 64)")
     ap.add_argument("--repeats", type=positive, default=5,
-                    help="timed repeats per depth for llama.cpp; the median counts (default: 5)")
+                    help="timed repeats per depth, both engines; the median counts (default: 5)")
     ap.add_argument("--warmup", type=int, default=8,
                     help="untimed decode steps before the repeats (default: 8)")
     ap.add_argument("--flash-attn", action="store_true",
@@ -302,7 +307,7 @@ def main():
         out["fasa"] = {"skipped": True}
     else:
         fasa_rows, fasa_info = run_fasa(args.fasa, args.model, args.depths, args.threads,
-                                        args.fasa_arg)
+                                        args.steps, args.repeats, args.fasa_arg)
         out["fasa"] = dict(fasa_info, rows=fasa_rows)
         if fasa_rows is None:
             status = 1
@@ -325,12 +330,19 @@ def main():
         width = int(spec.split(".")[0])
         return format(v, spec) if v is not None else "-".rjust(width)
 
-    lines = [f"decode tok/s, {args.threads} threads, model {os.path.basename(args.model)} "
+    plural = "s" if args.threads != 1 else ""
+    lines = [f"decode tok/s, {args.threads} thread{plural}, model {os.path.basename(args.model)} "
              f"(load average {env['loadavg_start']} -> {env['loadavg_end']})",
              f"{'depth':>7}  {'llama.cpp':>10}  {'fasa':>10}  {'fasa/llama.cpp':>14}"]
     for t in table:
         lines.append(f"{t['depth']:>7}  {fmt(t['llama_cpp_tok_s'], '10.2f')}  "
                      f"{fmt(t['fasa_tok_s'], '10.2f')}  {fmt(t['fasa_over_llama_cpp'], '14.3f')}")
+    for r in llama_rows or []:
+        lo, hi = min(r["decode_tok_s_all"]), max(r["decode_tok_s_all"])
+        if lo > 0 and hi / lo > 1.5:
+            lines.append(f"note: llama.cpp's repeats at depth {r['depth']} ranged "
+                         f"{lo:.2f}-{hi:.2f} tok/s: the machine is busy (see the docstring on "
+                         f"OpenMP waits)")
     if llama_rows is None:
         lines.append(f"llama.cpp: {out['llama_cpp']['error']}")
     if not args.skip_fasa and fasa_rows is None:
