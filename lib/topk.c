@@ -9,9 +9,15 @@ void topk_select(uint64_t *a, int n, int k)
 {
     int lo = 0, hi = n - 1;
     if (k <= 0 || k >= n) return;
+    /* pivots: the median of three pseudo-random positions, so no input order (sorted runs with
+     * interleaved outliers, as attention scores with many exact zeros give) makes it quadratic;
+     * keys are distinct, so the selected set does not depend on the pivots */
+    uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;   /* median of three: sorted or reversed input stays O(n) */
-        uint64_t x = a[lo], y = a[mid], z = a[hi];
+        const uint64_t span = (uint64_t)(hi - lo + 1);
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        const int p0 = lo + (int)(rng % span), p1 = lo + (int)((rng >> 21) % span), p2 = lo + (int)((rng >> 42) % span);
+        uint64_t x = a[p0], y = a[p1], z = a[p2];
         uint64_t piv = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
         int i = lo, j = hi;
         while (i <= j) {
