@@ -135,6 +135,35 @@ static int write_csv(const char *path, const bench_row *r, int n)
     return rc;
 }
 
+/* The profile for MODEL: prof_path, else the one profile_find sees; checked against m. Returns
+ * the loaded profile, NULL when there is none, or sets *failed after saying why. */
+static profile *bench_profile(const model *m, const char *model_path, const char *prof_path, profile *prof, int *failed)
+{
+    char defp[4096], err[FASA_ERRLEN];
+    *failed = 0;
+    if (!prof_path && profile_find(model_path, defp, sizeof defp)) prof_path = defp;
+    if (!prof_path) return NULL;
+    if (profile_load(prof, prof_path, err) < 0 || profile_check_model(prof, m, prof_path, err) < 0) {
+        die("%s", err);
+        *failed = 1;
+        return NULL;
+    }
+    return prof;
+}
+
+/* TEXT files (or the defaults) as token ids: returns the count (ids and text owned by the
+ * caller), or -1 after saying why. */
+static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
+{
+    size_t len;
+    if (!(*text = read_texts(paths, n_paths, default_texts, (int)(sizeof default_texts / sizeof *default_texts), &len)))
+        return -1;
+    if (!(*ids = malloc(sizeof **ids * (3 * len + 16)))) return die("out of memory"), -1;
+    int n = tokenizer_encode(m->tok, *text, len, 0, *ids, (int)(3 * len + 16));
+    if (n < 0) return die("cannot tokenize the text"), -1;
+    return n;
+}
+
 /* ---------------------------------------------------------------- --task speed */
 
 static const char default_depths[] = "0,0.25,0.5,0.75,1";
@@ -162,7 +191,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
                 return die_usage("--policy '%s' is not a speed policy (full, fasa-c, fasa-m, quest)", tok);
         }
     }
-    char err[FASA_ERRLEN], defp[4096];
+    char err[FASA_ERRLEN];
     model *m;
     if (model_open(&m, model_path, err) < 0) return die("%s", err);
     int status = 1, n_rows = 0, n = 0;
@@ -170,16 +199,11 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     profile prof = { 0 }, *pp = NULL;
     char *text = NULL;
     int32_t *ids = NULL;
-    if (!prof_path && profile_find(model_path, defp, sizeof defp)) prof_path = defp;
-    if (prof_path) {
-        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0) { die("%s", err); goto out; }
-        pp = &prof;
-    }
+    int failed;
+    pp = bench_profile(m, model_path, prof_path, &prof, &failed);
+    if (failed) goto out;
     if (!m->tok) { status = die_usage("--task speed needs a model with a tokenizer; '%s' has none", model_path); goto out; }
-    size_t len;
-    if (!(text = read_texts(texts, n_texts, default_texts, (int)(sizeof default_texts / sizeof *default_texts), &len))) goto out;
-    if (!(ids = malloc(sizeof *ids * (3 * len + 16)))) { die("out of memory"); goto out; }
-    if ((n = tokenizer_encode(m->tok, text, len, 0, ids, (int)(3 * len + 16))) < 0) { die("cannot tokenize the text"); goto out; }
+    if ((n = bench_ids(m, texts, n_texts, &text, &ids)) < 0) goto out;
     double t0 = fasa_now();
     if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
     int rc = bench_speed(m, pp, ids, n, &cfg, &rows, &n_rows, err);
@@ -342,7 +366,7 @@ int cmd_bench(int argc, char **argv)
     if ((cfg.n_depth = parse_doubles("--depths", depths, cfg.depths, BENCH_MAX)) < 0) return EXIT_USAGE;
     if (threads) omp_set_num_threads((int)threads);
     const char *model_path = argv[optind++];
-    char err[FASA_ERRLEN], defp[4096];
+    char err[FASA_ERRLEN];
     model *m;
     if (model_open(&m, model_path, err) < 0) return die("%s", err);
     int status = 1, n_rows = 0;
@@ -350,14 +374,9 @@ int cmd_bench(int argc, char **argv)
     profile prof = { 0 }, *pp = NULL;
     char *text = NULL;
     int32_t *ids = NULL;
-    if (!prof_path) {
-        if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
-    }
-    if (prof_path) {
-        if (profile_load(&prof, prof_path, err) < 0) { die("%s", err); goto out; }
-        if (profile_check_model(&prof, m, prof_path, err) < 0) { die("%s", err); goto out; }
-        pp = &prof;
-    }
+    int failed;
+    pp = bench_profile(m, model_path, prof_path, &prof, &failed);
+    if (failed) goto out;
     if (!policies)
         policies = !strcmp(task, "ca") ? "random,stream,snapkv,quest,fasa-1/8,fasa-1/4,oracle"
                                        : "full,fasa-1/4,fasa-1/8,oracle,stream,snapkv,h2o,quest";
@@ -376,13 +395,8 @@ int cmd_bench(int argc, char **argv)
         rc = bench_passkey(m, &cfg, &rows, &n_rows, err);
     } else {
         if (!m->tok) { status = die_usage("--task %s needs a model with a tokenizer; '%s' has none", task, model_path); goto out; }
-        size_t len;
-        if (!(text = read_texts(argv + optind, argc - optind, default_texts,
-                                (int)(sizeof default_texts / sizeof *default_texts), &len)))
-            goto out;
-        if (!(ids = malloc(sizeof *ids * (3 * len + 16)))) { die("out of memory"); goto out; }
-        int n = tokenizer_encode(m->tok, text, len, 0, ids, (int)(3 * len + 16));
-        if (n < 0) { die("cannot tokenize the text"); goto out; }
+        int n = bench_ids(m, argv + optind, argc - optind, &text, &ids);
+        if (n < 0) goto out;
         if (!strcmp(task, "ca")) {
             if (n < tokens) { status = die_usage("the text has %d tokens; --tokens asks for %ld", n, tokens); goto out; }
             rc = bench_ca(m, ids, (int)tokens, &cfg, &rows, &n_rows, err);
