@@ -122,15 +122,12 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     if (o->kind == POLICY_FULL || budget >= t || layer < o->n_dense_layers) return -1;
     const float *K = kvcache_k(&s->kv, layer, g);
     const float *q = q_tok + (size_t)head * d;
-    float *S = sc->score;
+    float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
 
     const int ns = s->kv.n_split;
     switch (o->kind) {
     case POLICY_FASA:
-        if (sc->tip) {
-            memcpy(S, sc->tip, sizeof(float) * t);
-            break;
-        }
+        if (sc->tip) break;   /* S already holds this head's TIP scores */
         if (ns && ns == p->n_dom && (o->block || o->group)) {
             /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
              * streams it (the group's dims for every head of the group) */

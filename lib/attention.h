@@ -66,7 +66,7 @@ typedef struct attn_stats {
 typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
-    const float *tip;        /* fasa: TIP scores already computed for this head, or NULL */
+    float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
 } policy_scratch;
 
 const char *policy_name(enum policy_kind k);
