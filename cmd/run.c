@@ -242,13 +242,17 @@ int cmd_run(int argc, char **argv)
         status = die_usage("--mode %s needs a profile: run 'fasa calibrate %s' or give -p", mode, model_path);
         goto out;
     }
-    if (prof_path && (!mode || strcmp(mode, "full"))) {
+    if (order_chunks && !prof_path) { status = die_usage("--order-chunks needs a profile (-p)"); goto out; }
+    const int use_fasa = prof_path && (!mode || strcmp(mode, "full"));
+    if (use_fasa || order_chunks) {   /* the profile, loaded once and checked against the model */
         int lrc = prof_path == bundle_prof ? profile_parse(&prof, m->bundle_profile, m->bundle_profile_len, prof_path, err)
                                            : profile_load(&prof, prof_path, err);
         if (lrc < 0 || profile_check_model(&prof, m, prof_path, err) < 0) {
             die("%s", err);
             goto out;
         }
+    }
+    if (use_fasa) {
         policy_opts po = policy_defaults(POLICY_FASA, m, (int)budget);
         po.prof = &prof;
         po.fcs = fcs ? (int)fcs : prof.fcs;
@@ -282,9 +286,7 @@ int cmd_run(int argc, char **argv)
                  dense_layers == 1 ? "" : "s", group ? ", per-KV-head selection" : "",
                  kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
     } else if (order_chunks) {
-        if (!prof_path) { status = die_usage("--order-chunks needs a profile (-p)"); goto out; }
-        if (profile_load(&prof, prof_path, err) < 0 || profile_check_model(&prof, m, prof_path, err) < 0 ||
-            model_rank_chunks(m, &prof, err) < 0) {
+        if (model_rank_chunks(m, &prof, err) < 0) {
             die("%s", err);
             goto out;
         }
