@@ -46,6 +46,9 @@ static const char usage_text[] =
     "      --repeats R       speed: decode runs per depth; medians are reported (default 5)\n"
     "      --fcs F           speed: dominant chunks for fasa-c/fasa-m (default: the profile's)\n"
     "      --kv-cold DIR     speed: fasa-m's cold tier directory (default: $TMPDIR or /tmp)\n"
+    "      --kv-type T       KV cache rows, f16 or f32: speed defaults to f16 (what fasa run does),\n"
+    "                        ppl and passkey to f32 (the policy's accuracy, not the rounding's);\n"
+    "                        ca reads f32 keys\n"
     "      --bandwidth GBS   speed: memory bandwidth for the roofline fraction (default 22)\n"
     "      --seeds N         passkey samples per length and depth (default 5)\n"
     "      --csv FILE        also write the rows as CSV\n"
@@ -170,9 +173,10 @@ static const char default_depths[] = "0,0.25,0.5,0.75,1";
 
 static int bench_speed_main(const char *model_path, char **texts, int n_texts, const char *prof_path,
                             const char *policies, const char *budgets, const char *depths, int steps, int repeats,
-                            int fcs, const char *kv_cold, double bandwidth, const char *csv, int json)
+                            int fcs, const char *kv_cold, int kv_f16, double bandwidth, const char *csv, int json)
 {
     speed_cfg cfg = speed_defaults();
+    cfg.kv_f16 = kv_f16;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];
@@ -217,6 +221,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         cJSON_AddStringToObject(o, "policy", w->policy);
         cJSON_AddNumberToObject(o, "budget", w->budget);
         cJSON_AddNumberToObject(o, "fcs", w->fcs);
+        cJSON_AddStringToObject(o, "kv_type", w->kv_f16 ? "f16" : "f32");
         cJSON_AddNumberToObject(o, "context", w->depth);
         cJSON_AddNumberToObject(o, "value", w->decode_tok_s);
         cJSON_AddNumberToObject(o, "decode_tok_s", w->decode_tok_s);
@@ -271,11 +276,12 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         size_t blen = 0;
         FILE *f = open_memstream(&buf, &blen);
         if (!f) { cJSON_Delete(a); die("out of memory"); goto out; }
-        fprintf(f, "policy,depth,budget,fcs,decode_tok_s,attn_ms,bytes_per_token,gb_s,roofline,prefill_tok_s,"
+        fprintf(f, "policy,kv_type,depth,budget,fcs,decode_tok_s,attn_ms,bytes_per_token,gb_s,roofline,prefill_tok_s,"
                    "kv_resident_mb,kv_cold_mb,kv_total_mb,rss_anon_mb,rss_file_mb,peak_rss_mb\n");
         for (int i = 0; i < n_rows; i++) {
             const speed_row *w = &rows[i];
-            fprintf(f, "%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f\n", w->policy, w->depth,
+            fprintf(f, "%s,%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f\n", w->policy,
+                    w->kv_f16 ? "f16" : "f32", w->depth,
                     w->budget, w->fcs, w->decode_tok_s, w->attn_ms, w->bytes_per_token, w->gb_s, w->roofline,
                     w->prefill_tok_s, w->kv_resident_mb, w->kv_cold_mb, w->kv_total_mb, w->rss_anon_mb, w->rss_file_mb,
                     w->peak_rss_mb);
@@ -286,8 +292,9 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         if (wrc) { cJSON_Delete(a); goto out; }
     }
     cJSON_Delete(a);
-    fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; cache: "
-            "512 prefilled tokens tiled to depth)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps);
+    fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
+            "512 prefilled tokens tiled to depth)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
+            cfg.kv_f16 ? "f16" : "f32");
     status = 0;
 out:
     free(rows);
@@ -310,12 +317,14 @@ int cmd_bench(int argc, char **argv)
         { "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
         { "repeats", required_argument, 0, 'R' }, { "fcs", required_argument, 0, 'F' },
         { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
+        { "kv-type", required_argument, 0, 'Y' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
     const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL, *depths = default_depths;
     long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0;
     const char *kv_cold = NULL;
+    int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 22;
     int json = 0, c;
     optind = 1;
@@ -333,6 +342,10 @@ int cmd_bench(int argc, char **argv)
         case 'R': if (parse_int("--repeats", optarg, 1, 1000, &repeats)) return EXIT_USAGE; break;
         case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'k': kv_cold = optarg; break;
+        case 'Y':
+            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
+            kv_f16 = !strcmp(optarg, "f16");
+            break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'c': csv = optarg; break;
@@ -350,12 +363,13 @@ int cmd_bench(int argc, char **argv)
         if (threads) omp_set_num_threads((int)threads);
         return bench_speed_main(argv[optind], argv + optind + 1, argc - optind - 1, prof_path, policies, budgets,
                                 depths == default_depths ? NULL : depths, steps < 0 ? 16 : (int)steps,
-                                (int)repeats, (int)fcs, kv_cold, bandwidth, csv, json);
+                                (int)repeats, (int)fcs, kv_cold, kv_f16 != 0, bandwidth, csv, json);
     }
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
         return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);
     /* the lists before the model is read */
-    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds };
+    if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
+    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds, .kv_f16 = kv_f16 == 1 };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);

@@ -36,6 +36,8 @@ static const char usage_text[] =
     "                        as one contiguous block per key, so TIP reads only that block)\n"
     "      --order-chunks    full: order every key's dims by the profile's group ranking, as fasa-c\n"
     "                        does (a converted model's arithmetic, float sums in the same order)\n"
+    "      --kv-type T       KV cache rows: f16 (default: half the bytes per step) or f32 (exact;\n"
+    "                        the default with --device cuda)\n"
     "      --kv-cold DIR     fasa-m: directory for the cold tier's file (default: $TMPDIR or /tmp);\n"
     "                        the file is unlinked as soon as it is open\n"
     "  -n, --n-predict N     tokens to generate (default 256; 0: prompt only)\n"
@@ -61,7 +63,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -77,7 +79,7 @@ static const struct option long_opts[] = {
     { "fcs", required_argument, 0, OPT_FCS },    { "dense-layers", required_argument, 0, OPT_DENSE },
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
-    { "order-chunks", no_argument, 0, OPT_ORDER },
+    { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
     { 0, 0, 0, 0 },
 };
 
@@ -157,6 +159,7 @@ int cmd_run(int argc, char **argv)
     int group = 0, on_cuda = 0, per_head = 0, order_chunks = 0;
     cuda_hook hook = { 0 };
     const char *kv_cold = NULL;
+    int kv_f16 = -1;   /* -1: the default */
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
     int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
@@ -177,6 +180,10 @@ int cmd_run(int argc, char **argv)
         case OPT_PER_HEAD: per_head = 1; break;
         case OPT_ORDER: order_chunks = 1; break;
         case OPT_KV_COLD: kv_cold = optarg; break;
+        case OPT_KV_TYPE:
+            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
+            kv_f16 = !strcmp(optarg, "f16");
+            break;
         case OPT_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
             on_cuda = !strcmp(optarg, "cuda");
@@ -204,6 +211,7 @@ int cmd_run(int argc, char **argv)
     if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;
     if (rest > 1) return die_usage("too many arguments; see 'fasa run --help'");
     if (rest == 1) prompt = argv[optind];
+    if (on_cuda && kv_f16 == 1) return die_usage("--device cuda reads an f32 KV cache: drop --kv-type f16");
     if (on_cuda && cuda_device_check()) return 1;   /* after the usage checks, before any model is looked for */
     if (!model_path && !(model_path = default_model_path()))
         return die_usage("no model given and no default model found: give MODEL or set FASA_MODEL "
@@ -226,7 +234,7 @@ int cmd_run(int argc, char **argv)
     /* FASA: on by default when the model has a profile. */
     profile prof = { 0 };
     policy pol = { 0 };
-    kv_opts kvo = { 0 };
+    kv_opts kvo = { .f16 = kv_f16 < 0 ? !on_cuda : kv_f16 };
     int fasa = 0;
     char defp[4096], mode_note[4600] = "full attention";
     char bundle_prof[4200] = "";
@@ -422,8 +430,8 @@ int cmd_run(int argc, char **argv)
     double dec_tps = n_steps ? n_steps / t_decode : 0;
     double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
-            "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
-            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), mode_note);
+            "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s KV | %s\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
+            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), s->kv.f16 ? "f16" : "f32", mode_note);
     if (s->kv.cold)
         fprintf(stderr, "fasa: KV cache of %d tokens: %.2f MB resident (dominant key block), %.2f MB in the cold tier, of %.2f MB\n",
                 s->n_past, kvcache_resident_bytes(&s->kv, s->n_past) / 1e6, kvcache_cold_bytes(&s->kv, s->n_past) / 1e6,

@@ -120,7 +120,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const model_config *c = &p->m->cfg;
     const int t = pos + 1, d = c->d_head, group = c->n_head / c->n_kv_head, g = head / group;
     if (o->kind == POLICY_FULL || budget >= t || layer < o->n_dense_layers) return -1;
-    const float *K = kvcache_k(&s->kv, layer, g);
+    const kvcache *kv = &s->kv;
     const float *q = q_tok + (size_t)head * d;
     float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
 
@@ -132,14 +132,14 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
             /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
              * streams it (the group's dims for every head of the group) */
             if (o->group) {
-                ops_attn_scores(S, q_tok + (size_t)g * group * d, K, t, ns, 1.0f);
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)g * group * d, 1, d, 1.0f, S);
                 float *tmp = (float *)sc->sel;
                 for (int h = g * group + 1; h < (g + 1) * group; h++) {
-                    ops_attn_scores(tmp, q_tok + (size_t)h * d, K, t, ns, 1.0f);
+                    kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)h * d, 1, d, 1.0f, tmp);
                     for (int i = 0; i < t; i++) S[i] += tmp[i];
                 }
             } else {
-                ops_attn_scores(S, q, K, t, ns, 1.0f);
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S);
             }
             break;
         }
@@ -154,10 +154,10 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         }
         break;
     case POLICY_ORACLE:
-        ops_attn_scores(S, q, K, t, ns ? ns : d, 1.0f);
+        kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S);
         if (ns) {
             float *tmp = (float *)sc->sel;
-            ops_attn_scores(tmp, q + ns, kvcache_kr(&s->kv, layer, g), t, d - ns, 1.0f);
+            kvcache_scores(kv, KV_REST, layer, g, 0, NULL, t, q + ns, 1, d, 1.0f, tmp);
             for (int i = 0; i < t; i++) S[i] += tmp[i];
         }
         break;

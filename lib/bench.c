@@ -227,7 +227,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
         const int C = cfg->contexts[ci], P = C - M;
         if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
         if (P < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
-        run_state *s = run_state_new(m, C, 64, err);
+        run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
         if (!s) return FASA_ENOMEM;
         attn_stats st;
         if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) { run_state_free(s); return rc; }
@@ -334,7 +334,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                 int32_t *ids = NULL;
                 int n = passkey_prompt(m, cfg->contexts[li], cfg->depths[di], key, &ids, err);
                 if (n < 0) { rc = n; break; }
-                run_state *s = run_state_new(m, n + n_gen, 64, err);
+                run_state *s = run_state_new_kv(m, n + n_gen, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
                 attn_stats st;
                 stats_snap sn = { 0 };
                 if (!s) { free(ids); rc = FASA_ENOMEM; break; }

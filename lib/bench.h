@@ -31,6 +31,7 @@ typedef struct bench_cfg {
     int steps;                            /* M decode steps (ppl, ca) */
     int n_depth; double depths[BENCH_MAX];/* passkey */
     int seeds;                            /* passkey samples per (length, depth) */
+    int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
 } bench_cfg;

@@ -120,18 +120,13 @@ static void attend(float *out, const float *q, const kvcache *kv, int l, int g, 
 {
     const int d = kv->d_head, s = kv->n_split;
     const float scale = 1.0f / sqrtf((float)d);
-    const float *K = kvcache_k(kv, l, g), *V = kvcache_v(kv, l, g);
-    if (idx) ops_attn_scores_idx(scores, q, K, idx, n, kvcache_kw(kv), scale);
-    else ops_attn_scores(scores, q, K, n, kvcache_kw(kv), scale);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores);
     if (s) {
-        const float *R = kvcache_kr(kv, l, g);
-        if (idx) ops_attn_scores_idx(tmp, q + s, R, idx, n, d - s, scale);
-        else ops_attn_scores(tmp, q + s, R, n, d - s, scale);
+        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + s, 1, d, scale, tmp);
         for (int i = 0; i < n; i++) scores[i] += tmp[i];
     }
     ops_softmax(scores, n);
-    if (idx) ops_attn_accum_idx(out, scores, V, idx, n, d);
-    else ops_attn_accum(out, scores, V, n, d);
+    kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, out, d);
 }
 
 /* Dense attention of queries r0..r1-1 of a batch (positions n_past + r) for head h, in one pass
@@ -145,9 +140,9 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
     const int nq = r1 - r0, t = s->n_past + r1;   /* the last query sees t keys */
     const float scale = 1.0f / sqrtf((float)d);
     const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
-    ops_attn_scores_multi(S, Q, nq, qd, kvcache_k(kv, l, g), t, kvcache_kw(kv), scale);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, NULL, t, Q, nq, qd, scale, S);
     if (ns) {
-        ops_attn_scores_multi(T, Q + ns, nq, qd, kvcache_kr(kv, l, g), t, d - ns, scale);
+        kvcache_scores(kv, KV_REST, l, g, 0, NULL, t, Q + ns, nq, qd, scale, T);
         for (size_t i = 0; i < (size_t)nq * t; i++) S[i] += T[i];
     }
     int len[512];
@@ -158,9 +153,9 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
         ops_softmax(S + (size_t)i * t, len[i]);
         if (s->stats) attn_stats_observe(s->stats, l, h, pos, S + (size_t)i * t, NULL, len[i]);
     }
-    ops_attn_accum_multi(s->att_out + (size_t)r0 * qd + (size_t)h * d, qd, S, nq, len, kvcache_v(kv, l, g), t, d);
+    kvcache_accum(kv, l, g, 0, NULL, t, S, nq, len, s->att_out + (size_t)r0 * qd + (size_t)h * d, qd);
     const int tid = omp_get_thread_num();
-    for (int i = 0; i < nq; i++) s->bytes_kv[8 * tid] += (uint64_t)len[i] * 2 * d * sizeof(float);
+    for (int i = 0; i < nq; i++) s->bytes_kv[8 * tid] += (uint64_t)len[i] * 2 * d * kvcache_esz(kv);
 }
 
 /* Decode, a dense layer: the heads of a KV group read each key and value row once between them,
@@ -171,7 +166,7 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
 {
     const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
-    const int d = c->d_head, grp = c->n_head / c->n_kv_head, ns = kv->n_split, kw = kvcache_kw(kv);
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head, ns = kv->n_split;
     const int t = s->n_past + 1, a = (int)((int64_t)p * t / P), b = (int)((int64_t)(p + 1) * t / P), len = b - a;
     const float scale = 1.0f / sqrtf((float)d);
     const float *Q = s->q + (size_t)g * grp * d;
@@ -180,9 +175,9 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
         for (int h = 0; h < grp; h++) part[h * (d + 2)] = -INFINITY, part[h * (d + 2) + 1] = 0;
         return;
     }
-    ops_attn_scores_multi(S, Q, grp, d, kvcache_k(kv, l, g) + (size_t)a * kw, len, kw, scale);
+    kvcache_scores(kv, KV_KEYS, l, g, a, NULL, len, Q, grp, d, scale, S);
     if (ns) {
-        ops_attn_scores_multi(T, Q + ns, grp, d, kvcache_kr(kv, l, g) + (size_t)a * (d - ns), len, d - ns, scale);
+        kvcache_scores(kv, KV_REST, l, g, a, NULL, len, Q + ns, grp, d, scale, T);
         for (int i = 0; i < grp * len; i++) S[i] += T[i];
     }
     for (int h = 0; h < grp; h++) {
@@ -195,9 +190,9 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
     }
     /* outputs of the group's heads, (grp, d + 2) with stride d + 2, from the values a..b */
     float out[8 * 1024];
-    ops_attn_accum_multi(out, d, S, grp, NULL, kvcache_v(kv, l, g) + (size_t)a * d, len, d);
+    kvcache_accum(kv, l, g, a, NULL, len, S, grp, NULL, out, d);
     for (int h = 0; h < grp; h++) memcpy(part + h * (d + 2) + 2, out + (size_t)h * d, sizeof(float) * d);
-    s->bytes_kv[8 * omp_get_thread_num()] += (uint64_t)len * 2 * d * sizeof(float);
+    s->bytes_kv[8 * omp_get_thread_num()] += (uint64_t)len * 2 * d * kvcache_esz(kv);
 }
 
 static void merge_parts(const model *m, run_state *s, int P)
@@ -226,12 +221,12 @@ static void merge_parts(const model *m, run_state *s, int P)
 }
 
 /* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
-static uint64_t select_bytes(const policy *p, int t, int d)
+static uint64_t select_bytes(const policy *p, int t, int d, size_t esz)
 {
     switch (p->o.kind) {
-    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * p->n_dom * sizeof(float);
-    case POLICY_ORACLE: return (uint64_t)t * d * sizeof(float);
-    case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);
+    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * p->n_dom * esz;
+    case POLICY_ORACLE: return (uint64_t)t * d * esz;
+    case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
     default: return 0;
     }
 }
@@ -275,8 +270,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 const float *freq = m->rope_freq + tab * (dh / 2);
                 rope_gather(s->krow, s->k + (size_t)i * kvd + g * dh, src, freq, dh, pos);
                 kvcache_put_key(&s->kv, l, g, pos, s->krow);
-                memcpy(kvcache_v(&s->kv, l, g) + (size_t)pos * dh, s->v + (size_t)i * kvd + g * dh,
-                       dh * sizeof(float));
+                kvcache_put_value(&s->kv, l, g, pos, s->v + (size_t)i * kvd + g * dh);
                 for (int h = g * group; h < (g + 1) * group; h++)
                     rope_gather(s->q + (size_t)i * qd + h * dh, s->att_out + (size_t)i * qd + h * dh,
                                 src, freq, dh, pos);
@@ -309,14 +303,13 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                             s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
                             s->n_past >= s->sparse_from && group <= 8;
         if (tip_pre) {
-            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1, ns = s->kv.n_split;
+            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
             for (int it = 0; it < G * P; it++) {
                 const int g = it / P, p = it % P, tid = omp_get_thread_num();
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
                 float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
-                ops_attn_scores_multi(S, s->q + (size_t)g * group * dh, group, dh, kvcache_k(&s->kv, l, g) + (size_t)a * ns,
-                                      b - a, ns, 1.0f);
+                kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, s->q + (size_t)g * group * dh, group, dh, 1.0f, S);
                 for (int h = 0; h < group; h++)
                     memcpy(s->tip + (size_t)(g * group + h) * s->n_ctx + a, S + (size_t)h * (b - a), sizeof(float) * (b - a));
             }
@@ -344,7 +337,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                       s->policy->o.budget, idx, &sc);
                 /* TIP's bytes: the block once per KV group when the group scored together */
-                if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh);
+                if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, kvcache_esz(&s->kv));
             }
             if (s->attend_hook) {
                 char herr[FASA_ERRLEN];
@@ -352,14 +345,14 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
 #pragma omp critical(fasa_hook_err)
                     if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
                 }
-                s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * sizeof(float);
+                s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
             } else if (n_sel < 0) {
                 attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
-                s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * sizeof(float);
+                s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * kvcache_esz(&s->kv);
                 if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
             } else {
                 attend(out, q, &s->kv, l, g, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
-                s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * sizeof(float);
+                s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
                 if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, n_sel);
             }
         }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "ops.h"
 
 /* The cold tier: one file under dir, unlinked as soon as it is open, mapped shared. Pages are
  * written as tokens arrive and read back only for the rows attention chooses; the kernel may
@@ -42,27 +43,29 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
 {
     const int split = o ? o->n_split : 0;
     const char *cold_dir = o ? o->cold_dir : NULL;
-    *kv = (kvcache){ .n_layer = n_layer, .n_kv_head = n_kv_head, .n_ctx = n_ctx, .d_head = d_head, .n_split = split };
+    *kv = (kvcache){ .n_layer = n_layer, .n_kv_head = n_kv_head, .n_ctx = n_ctx, .d_head = d_head, .n_split = split,
+                     .f16 = o && o->f16 };
+    const size_t es = kvcache_esz(kv);
     if (split < 0 || split >= d_head || split % 2)
         return fasa_error(err, FASA_EARG, "the dominant key block must be an even width below %d dims, not %d", d_head, split);
     if (cold_dir && !split) return fasa_error(err, FASA_EARG, "a cold KV tier needs split keys");
     const size_t rows = (size_t)n_layer * n_kv_head * n_ctx;
     const size_t nk = rows * kvcache_kw(kv), nr = split ? rows * (d_head - split) : 0, nv = rows * d_head;
     /* Pages are touched only as the context fills, so a large n_ctx costs address space only. */
-    kv->k = malloc(nk * sizeof(float));
+    kv->k = malloc(nk * es);
     if (cold_dir) {
-        kv->cold_len = (nr + nv) * sizeof(float);
+        kv->cold_len = (nr + nv) * es;
         if (!(kv->cold = cold_map(cold_dir, kv->cold_len, err))) { kvcache_free(kv); return FASA_EIO; }
         kv->kr = kv->cold;
-        kv->v = (float *)kv->cold + nr;
+        kv->v = (char *)kv->cold + nr * es;
     } else {
-        kv->kr = split ? malloc(nr * sizeof(float)) : NULL;
-        kv->v = malloc(nv * sizeof(float));
+        kv->kr = split ? malloc(nr * es) : NULL;
+        kv->v = malloc(nv * es);
     }
     if (!kv->k || !kv->v || (split && !kv->kr)) {
         kvcache_free(kv);
         return fasa_error(err, FASA_ENOMEM, "cannot allocate a KV cache of %d tokens (%.1f MiB)",
-                          n_ctx, (double)(nk + nr + nv) * sizeof(float) / (1 << 20));
+                          n_ctx, (double)(nk + nr + nv) * es / (1 << 20));
     }
     return 0;
 }
@@ -78,13 +81,13 @@ void kvcache_free(kvcache *kv)
 
 size_t kvcache_bytes(const kvcache *kv, int n_tokens)
 {
-    return 2 * (size_t)kv->n_layer * kv->n_kv_head * n_tokens * kv->d_head * sizeof(float);
+    return 2 * (size_t)kv->n_layer * kv->n_kv_head * n_tokens * kv->d_head * kvcache_esz(kv);
 }
 
 size_t kvcache_cold_bytes(const kvcache *kv, int n_tokens)
 {
     if (!kv->cold) return 0;
-    return (size_t)kv->n_layer * kv->n_kv_head * n_tokens * (2 * kv->d_head - kv->n_split) * sizeof(float);
+    return (size_t)kv->n_layer * kv->n_kv_head * n_tokens * (2 * kv->d_head - kv->n_split) * kvcache_esz(kv);
 }
 
 size_t kvcache_resident_bytes(const kvcache *kv, int n_tokens)
@@ -92,19 +95,85 @@ size_t kvcache_resident_bytes(const kvcache *kv, int n_tokens)
     return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens);
 }
 
+/* n values of row i of part p into out (f32), or from in into the row */
+static void row_get(const kvcache *kv, enum kv_part p, int l, int h, int i, float *out, int n)
+{
+    const char *r = (const char *)kvcache_rows(kv, p, l, h) + (size_t)i * kvcache_width(kv, p) * kvcache_esz(kv);
+    if (kv->f16) ops_f16_to_f32(out, (const uint16_t *)r, n);
+    else memcpy(out, r, sizeof(float) * n);
+}
+
+static void row_put(kvcache *kv, enum kv_part p, int l, int h, int i, const float *in, int n)
+{
+    char *r = (char *)kvcache_rows(kv, p, l, h) + (size_t)i * kvcache_width(kv, p) * kvcache_esz(kv);
+    if (kv->f16) ops_f32_to_f16((uint16_t *)r, in, n);
+    else memcpy(r, in, sizeof(float) * n);
+}
+
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf)
 {
     const int d = kv->d_head, s = kv->n_split;
-    if (!s) return kvcache_k(kv, layer, head) + (size_t)i * d;
-    memcpy(buf, kvcache_k(kv, layer, head) + (size_t)i * s, sizeof(float) * s);
-    memcpy(buf + s, kvcache_kr(kv, layer, head) + (size_t)i * (d - s), sizeof(float) * (d - s));
+    if (!s && !kv->f16) return kvcache_k(kv, layer, head) + (size_t)i * d;
+    row_get(kv, KV_KEYS, layer, head, i, buf, kvcache_kw(kv));
+    if (s) row_get(kv, KV_REST, layer, head, i, buf + s, d - s);
     return buf;
 }
 
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key)
 {
-    const int d = kv->d_head, s = kv->n_split;
-    if (!s) { memcpy(kvcache_k(kv, layer, head) + (size_t)i * d, key, sizeof(float) * d); return; }
-    memcpy(kvcache_k(kv, layer, head) + (size_t)i * s, key, sizeof(float) * s);
-    memcpy(kvcache_kr(kv, layer, head) + (size_t)i * (d - s), key + s, sizeof(float) * (d - s));
+    const int s = kv->n_split;
+    row_put(kv, KV_KEYS, layer, head, i, key, kvcache_kw(kv));
+    if (s) row_put(kv, KV_REST, layer, head, i, key + s, kv->d_head - s);
+}
+
+void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val)
+{
+    row_put(kv, KV_VALUES, layer, head, i, val, kv->d_head);
+}
+
+void kvcache_copy_row(kvcache *kv, int from, int to)
+{
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int g = 0; g < kv->n_kv_head; g++)
+            for (enum kv_part p = KV_KEYS; p <= KV_VALUES; p++) {
+                if (p == KV_REST && !kv->n_split) continue;
+                const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
+                char *base = kvcache_rows(kv, p, l, g);
+                memcpy(base + (size_t)to * rb, base + (size_t)from * rb, rb);
+            }
+}
+
+void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,
+                    const float *Q, int nq, int ldq, float scale, float *S)
+{
+    const int w = kvcache_width(kv, p);
+    const char *M = (const char *)kvcache_rows(kv, p, layer, head) + (size_t)row0 * w * kvcache_esz(kv);
+    if (kv->f16) {
+        if (nq == 1 || idx) ops_attn_scores_f16(S, Q, (const uint16_t *)M, idx, n, w, scale);
+        else ops_attn_scores_multi_f16(S, Q, nq, ldq, (const uint16_t *)M, n, w, scale);
+    } else if (idx) {
+        ops_attn_scores_idx(S, Q, (const float *)M, idx, n, w, scale);
+    } else if (nq == 1) {
+        ops_attn_scores(S, Q, (const float *)M, n, w, scale);
+    } else {
+        ops_attn_scores_multi(S, Q, nq, ldq, (const float *)M, n, w, scale);
+    }
+}
+
+void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32_t *idx, int n, const float *P,
+                   int nq, const int *len, float *O, int ldo)
+{
+    const int d = kv->d_head;
+    const char *V = (const char *)kvcache_rows(kv, KV_VALUES, layer, head) + (size_t)row0 * d * kvcache_esz(kv);
+    const int one = (nq == 1 && !len) || idx;
+    if (kv->f16) {
+        if (one) ops_attn_accum_f16(O, P, (const uint16_t *)V, idx, n, d);
+        else ops_attn_accum_multi_f16(O, ldo, P, nq, len, (const uint16_t *)V, n, d);
+    } else if (idx) {
+        ops_attn_accum_idx(O, P, (const float *)V, idx, n, d);
+    } else if (one) {
+        ops_attn_accum(O, P, (const float *)V, n, d);
+    } else {
+        ops_attn_accum_multi(O, ldo, P, nq, len, (const float *)V, n, d);
+    }
 }

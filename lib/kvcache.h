@@ -11,7 +11,11 @@
  *
  * Split keys (n_split > 0): dims [0, n_split) of every key, the dominant block, live in their own
  * contiguous (n_ctx, n_split) array per (layer, KV head), and the remaining dims in another, so
- * the token importance predictor streams only the block. FASA-M (cold_dir set) keeps only that
+ * the token importance predictor streams only the block.
+ *
+ * Rows are f32 or f16 (kv_opts.f16; what llama.cpp keeps by default): f16 halves the bytes every
+ * decode step streams. Readers go through kvcache_scores / kvcache_accum, which pick the kernel
+ * for the type; kvcache_k / kvcache_kr / kvcache_v give typed pointers into f32 caches only. FASA-M (cold_dir set) keeps only that
  * block in memory: the rest of the keys and all values go to a cold tier, a file mapping under
  * cold_dir (the file is unlinked at once, so nothing is left behind), read only for the rows
  * focused attention chooses.
@@ -25,14 +29,16 @@
 typedef struct kv_opts {
     int n_split;             /* 0: whole key rows; else the width of the dominant block */
     const char *cold_dir;    /* FASA-M: where the cold tier's file goes (needs n_split > 0) */
+    int f16;                 /* rows stored as f16 (rounded to nearest even) instead of f32 */
 } kv_opts;
 
 typedef struct kvcache {
     int n_layer, n_kv_head, n_ctx, d_head;
     int n_split;
-    float *k;        /* (n_layer, n_kv_head, n_ctx, kw): whole rows, or the dominant block */
-    float *kr;       /* (n_layer, n_kv_head, n_ctx, d_head - n_split) when split, else NULL */
-    float *v;        /* (n_layer, n_kv_head, n_ctx, d_head) */
+    int f16;         /* element type: f16 when set, else f32 */
+    void *k;         /* (n_layer, n_kv_head, n_ctx, kw): whole rows, or the dominant block */
+    void *kr;        /* (n_layer, n_kv_head, n_ctx, d_head - n_split) when split, else NULL */
+    void *v;         /* (n_layer, n_kv_head, n_ctx, d_head) */
     void *cold;      /* the cold tier's mapping (kr and v), or NULL */
     size_t cold_len;
 } kvcache;
@@ -47,22 +53,45 @@ size_t kvcache_cold_bytes(const kvcache *kv, int n_tokens);
 /* Width of a row of kvcache_k: d_head, or n_split when split. */
 static inline int kvcache_kw(const kvcache *kv) { return kv->n_split ? kv->n_split : kv->d_head; }
 
-static inline float *kvcache_k(const kvcache *kv, int layer, int head)
+/* Bytes of one element. */
+static inline size_t kvcache_esz(const kvcache *kv) { return kv->f16 ? 2 : 4; }
+
+/* The three parts of a (layer, KV head): keys (whole rows, or the dominant block when split),
+ * the rest of the keys (split only), values. */
+enum kv_part { KV_KEYS, KV_REST, KV_VALUES };
+
+static inline int kvcache_width(const kvcache *kv, enum kv_part p)
 {
-    return kv->k + ((size_t)layer * kv->n_kv_head + head) * kv->n_ctx * kvcache_kw(kv);
+    return p == KV_KEYS ? kvcache_kw(kv) : p == KV_REST ? kv->d_head - kv->n_split : kv->d_head;
 }
-static inline float *kvcache_kr(const kvcache *kv, int layer, int head)
+/* Row 0 of part p of (layer, head), whatever the type. */
+static inline void *kvcache_rows(const kvcache *kv, enum kv_part p, int layer, int head)
 {
-    return kv->kr + ((size_t)layer * kv->n_kv_head + head) * kv->n_ctx * (kv->d_head - kv->n_split);
+    void *base = p == KV_KEYS ? kv->k : p == KV_REST ? kv->kr : kv->v;
+    return (char *)base + ((size_t)layer * kv->n_kv_head + head) * kv->n_ctx * kvcache_width(kv, p) * kvcache_esz(kv);
 }
-static inline float *kvcache_v(const kvcache *kv, int layer, int head)
-{
-    return kv->v + ((size_t)layer * kv->n_kv_head + head) * kv->n_ctx * kv->d_head;
-}
+/* f32 caches only */
+static inline float *kvcache_k(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_KEYS, layer, head); }
+static inline float *kvcache_kr(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_REST, layer, head); }
+static inline float *kvcache_v(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_VALUES, layer, head); }
+
+/* Attention reads, in the cache's type. Rows are idx[0..n) when idx is given (then nq == 1),
+ * else row0..row0+n-1.
+ *   kvcache_scores: S[i n + j] = scale * dot(Q[i ldq ..], row j of part p), i < nq
+ *   kvcache_accum:  O[i ldo + c] = sum_{j < len_i} P[i n + j] value row j [c], i < nq
+ *                   (len NULL: all n rows) */
+void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,
+                    const float *Q, int nq, int ldq, float scale, float *S);
+void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32_t *idx, int n, const float *P,
+                   int nq, const int *len, float *O, int ldo);
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);
-/* Stores key row `key` (d_head floats) at position i. */
+/* Stores key row `key` / value row `val` (d_head floats) at position i. */
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key);
+void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val);
+/* Copies row `from` to row `to` in every part of every (layer, head) (benchmarks fill deep
+ * caches this way). */
+void kvcache_copy_row(kvcache *kv, int from, int to);
 
 #endif

@@ -174,6 +174,12 @@ void ops_axpy(float *y, float a, const float *x, int n)
 #define MM_PARALLEL_MIN 32768
 
 #ifdef OPS_AVX2
+/* eight values of a row from column c, widened from f16 by F16C when h16 */
+#define KV_LOAD8(row, c, h16)                                                                   \
+    ((h16) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (c)))) \
+           : _mm256_loadu_ps((const float *)(row) + (c)))
+#define KV_AT(row, c, h16) ((h16) ? _cvtsh_ss(((const uint16_t *)(row))[c]) : ((const float *)(row))[c])
+
 static inline float hsum256(__m256 v)
 {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -415,11 +421,11 @@ static float rowdot_f32(const float *w, const float *x, int64_t n)
 }
 
 /* The prefill micro-kernel: y[t * ldy + r] = w[r] . x[t] for r < nr (<= 4; w[nr..3] are
- * repeats) and t < T (a constant after inlining, so the 4 x T sums stay in registers). Splitting
+ * repeats; rows of f32, or of f16 when h16, for attention over an f16 KV cache) and t < T (a constant after inlining, so the 4 x T sums stay in registers). Splitting
  * long rows into column chunks that stay in L1 measured slower here. */
 static inline __attribute__((always_inline)) void
-tile_4xT(float *y, size_t ldy, const float *const w[4], const float *x, size_t ldx, int64_t cols,
-         int nr, const int T)
+tile_4xT(float *y, size_t ldy, const void *const w[4], const float *x, size_t ldx, int64_t cols,
+         int nr, const int T, const int h16)
 {
     __m256 acc[4][3];
 #pragma GCC unroll 4
@@ -438,7 +444,7 @@ tile_4xT(float *y, size_t ldy, const float *const w[4], const float *x, size_t l
         }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            __m256 wv = _mm256_loadu_ps(w[r] + k);
+            __m256 wv = KV_LOAD8(w[r], k, h16);
             __asm__("" : "+x"(wv));
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -449,7 +455,7 @@ tile_4xT(float *y, size_t ldy, const float *const w[4], const float *x, size_t l
         float out[4];
         _mm_storeu_ps(out, hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
         for (int64_t j = k; j < cols; j++)
-            for (int r = 0; r < 4; r++) out[r] += w[r][j] * x[t * ldx + j];
+            for (int r = 0; r < 4; r++) out[r] += KV_AT(w[r], j, h16) * x[t * ldx + j];
         if (nr == 4)
             memcpy(y + t * ldy, out, sizeof out);
         else
@@ -473,7 +479,7 @@ static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, 
         const int t1 = t0 + tile < n ? t0 + tile : n;
         for (int64_t r = r0; r < r1; r += MM_ROWS) {
             const int nr = r1 - r < MM_ROWS ? (int)(r1 - r) : MM_ROWS;
-            const float *wr[4];
+            const void *wr[4];
             for (int i = 0; i < 4; i++) {
                 const int64_t ri = r + (i < nr ? i : nr - 1);
                 if (w->type == GGUF_TYPE_F32) {
@@ -488,11 +494,11 @@ static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, 
             float *yr = y + r;
             int t = t0;
             for (int i = 0; i < n3; i++, t += 3)
-                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 3);
+                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 3, 0);
             for (; t + 2 <= t1; t += 2)
-                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 2);
+                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 2, 0);
             if (t < t1)
-                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 1);
+                tile_4xT(yr + (size_t)t * rows, rows, wr, x + t * ldx, ldx, cols, nr, 1, 0);
         }
     }
 }
@@ -760,36 +766,54 @@ void ops_matmul_ref(float *y, const weight *w, const float *x, int n)
 
 /* ---- attention ------------------------------------------------------------------------------
  *
- * Each kernel has a contiguous form (keys 0..t) and a gathered one (keys idx[0..n), for attention
- * over selected positions); both share one body, instantiated for d == 64 and for any d. */
+ * Keys and values are rows of f32 or of f16 (the KV cache's two storage types). Each kernel body
+ * takes its rows as untyped pointers and a constant h16, and has a contiguous form (rows 0..t)
+ * and a gathered one (rows idx[0..n), for attention over selected positions); inlining makes
+ * one instance per type and per d == 64 or any d. */
 
-/* row i of M (t or n rows of d floats), through idx when given */
-#define ATTN_ROW(M, idx, i, d) ((M) + (size_t)((idx) ? (idx)[i] : (i)) * (d))
-
-static void attn_scores_plain(float *s, const float *q, const float *K, const int32_t *idx, int t, int d,
-                              float scale)
+static inline const void *kv_row(const void *M, const int32_t *idx, int i, int d, int h16)
 {
-    for (int i = 0; i < t; i++) s[i] = scale * ops_dot_ref(q, ATTN_ROW(K, idx, i, d), d);
+    return (const char *)M + (size_t)(idx ? idx[i] : i) * d * (h16 ? 2 : 4);
 }
 
-static void attn_accum_plain(float *out, const float *p, const float *V, const int32_t *idx, int t, int d)
+static inline float kv_at_ref(const void *row, int c, int h16)
+{
+    return h16 ? gguf_f16_to_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
+}
+
+static void attn_scores_plain(float *s, const float *q, const void *K, const int32_t *idx, int t, int d,
+                              float scale, int h16)
+{
+    for (int i = 0; i < t; i++) {
+        const void *k = kv_row(K, idx, i, d, h16);
+        float acc = 0;
+        for (int c = 0; c < d; c++) acc += q[c] * kv_at_ref(k, c, h16);
+        s[i] = scale * acc;
+    }
+}
+
+static void attn_accum_plain(float *out, const float *p, const void *V, const int32_t *idx, int t, int d, int h16)
 {
     memset(out, 0, sizeof(float) * d);
-    for (int i = 0; i < t; i++) ops_axpy_ref(out, p[i], ATTN_ROW(V, idx, i, d), d);
+    for (int i = 0; i < t; i++) {
+        const void *v = kv_row(V, idx, i, d, h16);
+        for (int c = 0; c < d; c++) out[c] += p[i] * kv_at_ref(v, c, h16);
+    }
 }
 
 #ifdef OPS_AVX2
 /* Eight keys at a time: eight running sums, one transpose-reduce instead of eight horizontal
  * sums. d a multiple of 8; a constant 64 after inlining keeps q in registers. */
 static inline __attribute__((always_inline)) void
-attn_scores_fast(float *s, const float *q, const float *K, const int32_t *idx, int t, const int d, float scale)
+attn_scores_fast(float *s, const float *q, const void *K, const int32_t *idx, int t, const int d, float scale,
+                 const int h16)
 {
     const __m256 vs = _mm256_set1_ps(scale);
     int i = 0;
     for (; i + 8 <= t; i += 8) {
-        const float *k[8];
+        const void *k[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) k[j] = ATTN_ROW(K, idx, i + j, d);
+        for (int j = 0; j < 8; j++) k[j] = kv_row(K, idx, i + j, d, h16);
         __m256 a[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
@@ -797,16 +821,22 @@ attn_scores_fast(float *s, const float *q, const float *K, const int32_t *idx, i
         for (int c = 0; c < d; c += 8) {
             const __m256 qv = _mm256_loadu_ps(q + c);
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + c), a[j]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, KV_LOAD8(k[j], c, h16), a[j]);
         }
         _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
     }
-    for (; i < t; i++) s[i] = scale * ops_dot(q, ATTN_ROW(K, idx, i, d), d);
+    for (; i < t; i++) {
+        const void *k = kv_row(K, idx, i, d, h16);
+        if (!h16) { s[i] = scale * ops_dot(q, k, d); continue; }
+        __m256 a = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), KV_LOAD8(k, c, 1), a);
+        s[i] = scale * hsum256(a);
+    }
 }
 
 /* 64 columns at a time with eight accumulators live across all rows, then 8 at a time. */
 static inline __attribute__((always_inline)) void
-attn_accum_fast(float *out, const float *p, const float *V, const int32_t *idx, int t, const int d)
+attn_accum_fast(float *out, const float *p, const void *V, const int32_t *idx, int t, const int d, const int h16)
 {
     int c = 0;
     for (; c + 64 <= d; c += 64) {
@@ -814,10 +844,10 @@ attn_accum_fast(float *out, const float *p, const float *V, const int32_t *idx, 
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
         for (int i = 0; i < t; i++) {
-            const float *v = ATTN_ROW(V, idx, i, d) + c;
+            const void *v = kv_row(V, idx, i, d, h16);
             const __m256 pi = _mm256_broadcast_ss(p + i);
 #pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(v + 8 * j), a[j]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pi, KV_LOAD8(v, c + 8 * j, h16), a[j]);
         }
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + c + 8 * j, a[j]);
@@ -826,135 +856,197 @@ attn_accum_fast(float *out, const float *p, const float *V, const int32_t *idx, 
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int i = 0;
         for (; i + 2 <= t; i += 2) {
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(ATTN_ROW(V, idx, i, d) + c), a0);
-            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i + 1), _mm256_loadu_ps(ATTN_ROW(V, idx, i + 1, d) + c), a1);
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), KV_LOAD8(kv_row(V, idx, i, d, h16), c, h16), a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i + 1), KV_LOAD8(kv_row(V, idx, i + 1, d, h16), c, h16), a1);
         }
-        if (i < t) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(ATTN_ROW(V, idx, i, d) + c), a0);
+        if (i < t) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), KV_LOAD8(kv_row(V, idx, i, d, h16), c, h16), a0);
         _mm256_storeu_ps(out + c, _mm256_add_ps(a0, a1));
     }
     for (; c < d; c++) {
         float s = 0;
-        for (int i = 0; i < t; i++) s += p[i] * ATTN_ROW(V, idx, i, d)[c];
+        for (int i = 0; i < t; i++) s += p[i] * KV_AT(kv_row(V, idx, i, d, h16), c, h16);
         out[c] = s;
     }
 }
+
+static void attn_scores_any(float *s, const float *q, const void *K, const int32_t *idx, int t, int d, float scale,
+                            int h16)
+{
+    if (d % 8) { attn_scores_plain(s, q, K, idx, t, d, scale, h16); return; }
+    if (h16) {
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 1);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 1);
+    } else {
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 0);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 0);
+    }
+}
+
+static void attn_accum_any(float *out, const float *p, const void *V, const int32_t *idx, int t, int d, int h16)
+{
+    if (h16) {
+        if (d == 64) attn_accum_fast(out, p, V, idx, t, 64, 1);
+        else attn_accum_fast(out, p, V, idx, t, d, 1);
+    } else {
+        if (d == 64) attn_accum_fast(out, p, V, idx, t, 64, 0);
+        else attn_accum_fast(out, p, V, idx, t, d, 0);
+    }
+}
+#else
+#define attn_scores_any attn_scores_plain
+#define attn_accum_any attn_accum_plain
 #endif
 
 void ops_attn_scores(float *s, const float *q, const float *K, int t, int d, float scale)
 {
-#ifdef OPS_AVX2
-    if (d == 64) { attn_scores_fast(s, q, K, NULL, t, 64, scale); return; }
-    if (d % 8 == 0) { attn_scores_fast(s, q, K, NULL, t, d, scale); return; }
-#endif
-    for (int i = 0; i < t; i++) s[i] = scale * ops_dot(q, K + (size_t)i * d, d);
+    attn_scores_any(s, q, K, NULL, t, d, scale, 0);
 }
 
 void ops_attn_scores_ref(float *s, const float *q, const float *K, int t, int d, float scale)
 {
-    attn_scores_plain(s, q, K, NULL, t, d, scale);
+    attn_scores_plain(s, q, K, NULL, t, d, scale, 0);
 }
 
 void ops_attn_scores_idx(float *s, const float *q, const float *K, const int32_t *idx, int n, int d, float scale)
 {
-#ifdef OPS_AVX2
-    if (d == 64) { attn_scores_fast(s, q, K, idx, n, 64, scale); return; }
-    if (d % 8 == 0) { attn_scores_fast(s, q, K, idx, n, d, scale); return; }
-#endif
-    for (int i = 0; i < n; i++) s[i] = scale * ops_dot(q, K + (size_t)idx[i] * d, d);
+    attn_scores_any(s, q, K, idx, n, d, scale, 0);
 }
 
 void ops_attn_scores_idx_ref(float *s, const float *q, const float *K, const int32_t *idx, int n, int d,
                              float scale)
 {
-    attn_scores_plain(s, q, K, idx, n, d, scale);
+    attn_scores_plain(s, q, K, idx, n, d, scale, 0);
 }
 
 void ops_attn_accum(float *out, const float *p, const float *V, int t, int d)
 {
-#ifdef OPS_AVX2
-    if (d == 64) attn_accum_fast(out, p, V, NULL, t, 64);
-    else attn_accum_fast(out, p, V, NULL, t, d);
-#else
-    attn_accum_plain(out, p, V, NULL, t, d);
-#endif
+    attn_accum_any(out, p, V, NULL, t, d, 0);
 }
 
 void ops_attn_accum_ref(float *out, const float *p, const float *V, int t, int d)
 {
-    attn_accum_plain(out, p, V, NULL, t, d);
+    attn_accum_plain(out, p, V, NULL, t, d, 0);
 }
 
 void ops_attn_accum_idx(float *out, const float *p, const float *V, const int32_t *idx, int n, int d)
 {
-#ifdef OPS_AVX2
-    if (d == 64) attn_accum_fast(out, p, V, idx, n, 64);
-    else attn_accum_fast(out, p, V, idx, n, d);
-#else
-    attn_accum_plain(out, p, V, idx, n, d);
-#endif
+    attn_accum_any(out, p, V, idx, n, d, 0);
 }
 
 void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const int32_t *idx, int n, int d)
 {
-    attn_accum_plain(out, p, V, idx, n, d);
+    attn_accum_plain(out, p, V, idx, n, d, 0);
+}
+
+void ops_attn_scores_f16(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d, float scale)
+{
+    attn_scores_any(s, q, K, idx, n, d, scale, 1);
+}
+
+void ops_attn_scores_f16_ref(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d,
+                             float scale)
+{
+    attn_scores_plain(s, q, K, idx, n, d, scale, 1);
+}
+
+void ops_attn_accum_f16(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_any(out, p, V, idx, n, d, 1);
+}
+
+void ops_attn_accum_f16_ref(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_plain(out, p, V, idx, n, d, 1);
 }
 
 /* Several queries against the same keys: the heads of a GQA group in decode (each key and value
  * row is read once for the group instead of once per head), or all the queries of a prefill
  * batch. Scores reuse the prefill matmul kernel with the keys as the weight rows. */
 
-void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d,
-                               float scale)
+static void scores_multi_plain(float *S, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
+                               int h16)
 {
-    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * t, Q + (size_t)i * ldq, K, NULL, t, d, scale);
+    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * t, Q + (size_t)i * ldq, K, NULL, t, d, scale, h16);
 }
 
-void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
-{
 #ifdef OPS_AVX2
+static inline __attribute__((always_inline)) void
+scores_multi_fast(float *S, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale, const int h16)
+{
     for (int j = 0; j < t; j += 4) {
         const int nr = t - j < 4 ? t - j : 4;
-        const float *kr[4];
-        for (int r = 0; r < 4; r++) kr[r] = K + (size_t)(j + (r < nr ? r : nr - 1)) * d;
+        const void *kr[4];
+        for (int r = 0; r < 4; r++) kr[r] = kv_row(K, NULL, j + (r < nr ? r : nr - 1), d, h16);
         int i = 0;
-        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 3);
-        if (nq - i == 2) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 2);
-        else if (nq - i == 1) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 1);
+        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 3, h16);
+        if (nq - i == 2) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 2, h16);
+        else if (nq - i == 1) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 1, h16);
     }
     const __m256 vs = _mm256_set1_ps(scale);
     const size_t all = (size_t)nq * t;
     size_t k = 0;
     for (; k + 8 <= all; k += 8) _mm256_storeu_ps(S + k, _mm256_mul_ps(vs, _mm256_loadu_ps(S + k)));
     for (; k < all; k++) S[k] *= scale;
+}
+#endif
+
+void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                               float scale)
+{
+    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 0);
+}
+
+void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
+{
+#ifdef OPS_AVX2
+    scores_multi_fast(S, Q, nq, ldq, K, t, d, scale, 0);
 #else
-    ops_attn_scores_multi_ref(S, Q, nq, ldq, K, t, d, scale);
+    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 0);
 #endif
 }
 
-void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
-                              int d)
+void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+                                   float scale)
+{
+    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 1);
+}
+
+void ops_attn_scores_multi_f16(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+                               float scale)
+{
+#ifdef OPS_AVX2
+    scores_multi_fast(S, Q, nq, ldq, K, t, d, scale, 1);
+#else
+    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 1);
+#endif
+}
+
+static void accum_multi_plain(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t,
+                              int d, int h16)
 {
     for (int i = 0; i < nq; i++)
-        attn_accum_plain(O + (size_t)i * ldo, P + (size_t)i * t, V, NULL, len ? len[i] : t, d);
+        attn_accum_plain(O + (size_t)i * ldo, P + (size_t)i * t, V, NULL, len ? len[i] : t, d, h16);
 }
 
 #ifdef OPS_AVX2
 /* Four queries (rows p[0..3] of weights) over value rows 0..n, W columns (a constant multiple of
  * 8, at most 16) starting at column c: 4 x W/8 accumulators, each value load used four times. */
 static inline __attribute__((always_inline)) void
-accum_4q(float *const o[4], const float *const p[4], const float *V, int n, int d, int c, const int W, int nout)
+accum_4q(float *const o[4], const float *const p[4], const void *V, int n, int d, int c, const int W, int nout,
+         const int h16)
 {
     __m256 a[4][2];
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++)
 #pragma GCC unroll 2
         for (int k = 0; k < W / 8; k++) a[q][k] = _mm256_setzero_ps();
-    const float *v = V + c;
-    for (int j = 0; j < n; j++, v += d) {
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const char *v = (const char *)V + (size_t)c * (h16 ? 2 : 4);
+    for (int j = 0; j < n; j++, v += rb) {
         __m256 vv[2];
 #pragma GCC unroll 2
         for (int k = 0; k < W / 8; k++) {
-            vv[k] = _mm256_loadu_ps(v + 8 * k);
+            vv[k] = KV_LOAD8(v, 8 * k, h16);
             __asm__("" : "+x"(vv[k]));   /* one load for the four queries (see tile_4xT) */
         }
 #pragma GCC unroll 4
@@ -970,11 +1062,11 @@ accum_4q(float *const o[4], const float *const p[4], const float *V, int n, int 
 #pragma GCC unroll 2
             for (int k = 0; k < W / 8; k++) _mm256_storeu_ps(o[q] + c + 8 * k, a[q][k]);
 }
-#endif
 
-void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d)
+static inline __attribute__((always_inline)) void
+accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t, int d,
+                 const int h16)
 {
-#ifdef OPS_AVX2
     for (int i = 0; i < nq; i += 4) {
         const int nout = nq - i < 4 ? nq - i : 4;
         float *o[4];
@@ -988,22 +1080,81 @@ void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *
             if (l < lo) lo = l;
         }
         int c = 0;
-        for (; c + 16 <= d; c += 16) accum_4q(o, p, V, lo, d, c, 16, nout);
-        for (; c + 8 <= d; c += 8) accum_4q(o, p, V, lo, d, c, 8, nout);
+        for (; c + 16 <= d; c += 16) accum_4q(o, p, V, lo, d, c, 16, nout, h16);
+        for (; c + 8 <= d; c += 8) accum_4q(o, p, V, lo, d, c, 8, nout, h16);
         for (int q = 0; q < nout; q++) {
             for (int cc = c; cc < d; cc++) {
                 float s = 0;
-                for (int j = 0; j < lo; j++) s += p[q][j] * V[(size_t)j * d + cc];
+                for (int j = 0; j < lo; j++) s += p[q][j] * KV_AT(kv_row(V, NULL, j, d, h16), cc, h16);
                 o[q][cc] = s;
             }
             /* the rows beyond the group's shortest query, one query at a time */
             const int l = len ? len[i + q] : t;
-            for (int j = lo; j < l; j++) ops_axpy(o[q], p[q][j], V + (size_t)j * d, d);
+            for (int j = lo; j < l; j++) {
+                const void *v = kv_row(V, NULL, j, d, h16);
+                if (!h16) { ops_axpy(o[q], p[q][j], v, d); continue; }
+                for (int cc = 0; cc < d; cc++) o[q][cc] += p[q][j] * KV_AT(v, cc, 1);
+            }
         }
     }
-#else
-    ops_attn_accum_multi_ref(O, ldo, P, nq, len, V, t, d);
+}
 #endif
+
+void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
+                              int d)
+{
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 0);
+}
+
+void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d)
+{
+#ifdef OPS_AVX2
+    accum_multi_fast(O, ldo, P, nq, len, V, t, d, 0);
+#else
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 0);
+#endif
+}
+
+void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,
+                                  int t, int d)
+{
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 1);
+}
+
+void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V, int t,
+                              int d)
+{
+#ifdef OPS_AVX2
+    accum_multi_fast(O, ldo, P, nq, len, V, t, d, 1);
+#else
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 1);
+#endif
+}
+
+/* ---- f16 conversion (round to nearest even, as gguf_f32_to_f16) ------------------------------ */
+
+void ops_f32_to_f16_ref(uint16_t *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = gguf_f32_to_f16(x[i]);
+}
+
+void ops_f32_to_f16(uint16_t *y, const float *x, int n)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) y[i] = gguf_f32_to_f16(x[i]);
+}
+
+void ops_f16_to_f32(float *y, const uint16_t *x, int n)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+#endif
+    for (; i < n; i++) y[i] = gguf_f16_to_f32(x[i]);
 }
 
 /* ---- element-wise ---------------------------------------------------------------------------- */

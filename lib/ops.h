@@ -80,6 +80,26 @@ void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *
 void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
                               int d);
 
+/* The same kernels over rows of f16 (the f16 KV cache), widened by F16C on the fly; idx NULL
+ * reads rows 0..n-1, else rows idx[0..n). */
+void ops_attn_scores_f16(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d, float scale);
+void ops_attn_scores_f16_ref(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d,
+                             float scale);
+void ops_attn_accum_f16(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d);
+void ops_attn_accum_f16_ref(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d);
+void ops_attn_scores_multi_f16(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+                               float scale);
+void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+                                   float scale);
+void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V, int t,
+                              int d);
+void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,
+                                  int t, int d);
+/* f32 <-> f16, rounding to nearest even (exactly gguf_f32_to_f16 / gguf_f16_to_f32) */
+void ops_f32_to_f16(uint16_t *y, const float *x, int n);
+void ops_f32_to_f16_ref(uint16_t *y, const float *x, int n);
+void ops_f16_to_f32(float *y, const uint16_t *x, int n);
+
 void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps);
 /* In place softmax over n values; returns nothing, writes exp(x - max) / sum. The fast one uses
  * a vectorised exp within 2e-7 relative of expf (values more than 87.3 below the max become 0). */

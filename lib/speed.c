@@ -63,17 +63,7 @@ static double median(double *v, int n)
 /* Copies the first `have` rows of every (layer, KV head) cyclically out to `want` rows. */
 static void tile_cache(kvcache *kv, int have, int want)
 {
-    const int kw = kvcache_kw(kv), rw = kv->n_split ? kv->d_head - kv->n_split : 0, d = kv->d_head;
-    for (int l = 0; l < kv->n_layer; l++)
-        for (int g = 0; g < kv->n_kv_head; g++) {
-            float *k = kvcache_k(kv, l, g), *v = kvcache_v(kv, l, g), *r = rw ? kvcache_kr(kv, l, g) : NULL;
-            for (int i = have; i < want; i++) {
-                const int src = i % have;
-                memcpy(k + (size_t)i * kw, k + (size_t)src * kw, sizeof(float) * kw);
-                memcpy(v + (size_t)i * d, v + (size_t)src * d, sizeof(float) * d);
-                if (r) memcpy(r + (size_t)i * rw, r + (size_t)src * rw, sizeof(float) * rw);
-            }
-        }
+    for (int i = have; i < want; i++) kvcache_copy_row(kv, i % have, i);
 }
 
 int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
@@ -101,7 +91,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
 
     for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
         const enum speed_policy sp = cfg->policies[pi];
-        kv_opts ko = { 0 };
+        kv_opts ko = { .f16 = cfg->kv_f16 };
         if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * fcs;
         if (sp == SPEED_FASA_M) ko.cold_dir = cfg->cold_dir ? cfg->cold_dir : "/tmp";
         run_state *s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err);
@@ -156,6 +146,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             speed_row *w = &(*rows)[(*n_rows)++];
             snprintf(w->policy, sizeof w->policy, "%s", names[sp]);
             w->depth = depth;
+            w->kv_f16 = cfg->kv_f16;
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
             w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
             w->decode_tok_s = median(tps, cfg->repeats);

@@ -24,6 +24,7 @@ typedef struct speed_cfg {
     int steps, repeats;           /* decode tokens per repeat; repeats (median) */
     int n_fill;                   /* tokens prefilled for real before tiling (and timed) */
     const char *cold_dir;         /* fasa-m's cold tier */
+    int kv_f16;                   /* KV rows as f16 (else f32) */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
@@ -32,6 +33,7 @@ typedef struct speed_cfg {
 typedef struct speed_row {
     char policy[16];
     int depth, budget, fcs;
+    int kv_f16;
     double decode_tok_s;          /* median over repeats */
     double attn_ms;               /* attention per token (median) */
     double bytes_per_token;       /* weights + KV bytes attention read (code's count) */

@@ -11,6 +11,7 @@
 #include "calibrate.h"
 #include "fixtures.h"
 #include "gguf.h"
+#include "sampler.h"
 
 typedef struct env { tiny_model t; char *dir; model *m; profile p; int32_t ids[300]; } env;
 
@@ -121,6 +122,62 @@ Test(attention, split_keys_and_cold_tier, .timeout = 60)
     cr_expect(strstr(err, "/nonexistent/dir") != NULL, "%s", err);
     policy_free(&pol);
     free(before); free(ranked); free(full_split); free(gathered); free(block); free(m_cold);
+    env_close(&e);
+}
+
+/* The f16 KV cache: rows round to nearest even on the way in and widen exactly on the way out;
+ * decoding over it stays within 2e-3 of the f32 cache (and does differ: the rows really are
+ * f16), one token at a time or in a batch; on f16 the split layout (up to summation order), the
+ * cold tier and a budget over the context change nothing, as on f32; it takes half the bytes.
+ * (FASA at a small budget on f16 vs f32 may pick other tokens on near ties: not compared.) */
+Test(attention, f16_cache, .timeout = 60)
+{
+    env e;
+    env_open(&e, 44);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab, n = 40;
+    const int d = e.m->cfg.d_head;
+    const kv_opts h16 = { .f16 = 1 }, split = { .n_split = 4, .f16 = 1 }, cold = { .n_split = 4, .cold_dir = e.dir, .f16 = 1 };
+    /* rows in, rows out */
+    kvcache kv, kv32;
+    cr_assert_eq(kvcache_init(&kv, 2, 2, 100, d, &split, err), 0, "%s", err);
+    cr_assert_eq(kvcache_init(&kv32, 2, 2, 100, d, &(kv_opts){ .n_split = 4 }, err), 0, "%s", err);
+    cr_expect_eq(kvcache_bytes(&kv, 100) * 2, kvcache_bytes(&kv32, 100));
+    float row[256], back[256], buf[256];
+    uint64_t r = 9;
+    for (int j = 0; j < d; j++) row[j] = (sampler_rand(&r) * 2 - 1) * 5;
+    kvcache_put_key(&kv, 1, 1, 57, row);
+    const float *got = kvcache_key_row(&kv, 1, 1, 57, buf);
+    for (int j = 0; j < d; j++) back[j] = gguf_f16_to_f32(gguf_f32_to_f16(row[j]));
+    cr_expect_eq(memcmp(got, back, sizeof(float) * d), 0, "a key row did not come back as its f16 rounding");
+    kvcache_free(&kv);
+    kvcache_free(&kv32);
+
+    float *f32 = decode_logits(&e, NULL, 200, 240, 1);
+    float *f16 = decode_logits_kv(&e, NULL, 200, 240, 1, &h16);
+    const double dr = max_rel(f16, f32, n * V);
+    cr_expect(dr > 0 && dr <= 2e-3, "f16 vs f32 cache, dense decode: %.3g of the max logit", dr);
+    float *f16b = decode_logits_kv(&e, NULL, 200, 240, 8, &h16);   /* batched prefill attention */
+    cr_expect_leq(max_rel(f16b, f16, n * V), 1e-5, "f16: batch of 8 vs one token at a time");
+    float *f16s = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
+    cr_expect_leq(max_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)", max_rel(f16s, f16, n * V));
+
+    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    float *full_r = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
+    policy pol, big;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 0, o.block = 1;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    o.budget = 1000;
+    cr_assert_eq(policy_init(&big, e.m, &o, err), 0, "%s", err);
+    float *fc = decode_logits_kv(&e, &pol, 200, 240, 1, &split);
+    float *fm = decode_logits_kv(&e, &pol, 200, 240, 1, &cold);
+    cr_expect_eq(memcmp(fc, fm, sizeof(float) * n * V), 0, "f16: fasa-m differs from fasa-c");
+    float *fb = decode_logits_kv(&e, &big, 200, 240, 1, &split);
+    cr_expect_eq(memcmp(fb, full_r, sizeof(float) * n * V), 0, "f16: fasa with budget over the context is not full");
+    policy_free(&pol);
+    policy_free(&big);
+    free(f32); free(f16); free(f16b); free(f16s); free(full_r); free(fc); free(fm); free(fb);
     env_close(&e);
 }
 

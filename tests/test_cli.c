@@ -97,6 +97,10 @@ Test(cli, exit_status_rule)
         { "bench /nonexistent/m.gguf --task ca --budget 1,x", 2 },
         { "bench /nonexistent/m.gguf --task ca --k 256,64", 2 },
         { "run -m /nonexistent/m.gguf --device gpu hi", 2 },
+        { "run -m /nonexistent/m.gguf --kv-type f8 hi", 2 },
+        { "run -m /nonexistent/m.gguf --device cuda --kv-type f16 hi", 2 },
+        { "bench /nonexistent/m.gguf --task ppl --kv-type bf16", 2 },
+        { "bench /nonexistent/m.gguf --task ca --kv-type f16", 2 },
         { "bench /nonexistent/m.gguf --task speed --repeats 0", 2 },
         { "run /nonexistent/m.gguf hi", 1 },
         { "run -m /nonexistent/m.gguf --mode fasa-m hi", 1 },
@@ -136,7 +140,7 @@ Test(cli, tiny_model_logits_and_atomic_outputs)
     for (int i = 0; i < 20; i++) fprintf(f, "%d ", tok[i] = (i * 13 + 5) % t.s.n_vocab);
     fclose(f);
     char *out, *err;
-    snprintf(args, sizeof args, "run %s --ids %s -n 6 --print-ids --dump-logits %s", gguf, ids, dump);
+    snprintf(args, sizeof args, "run %s --ids %s -n 6 --print-ids --kv-type f32 --dump-logits %s", gguf, ids, dump);
     cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
     int n = 0;
     for (char *p = out, *end;; p = end, n++) {
@@ -157,6 +161,17 @@ Test(cli, tiny_model_logits_and_atomic_outputs)
     tiny_forward_ref(&t, tok, 20, ref);
     for (int i = 0; i < 20 * t.s.n_vocab; i++) md = fmax(md, fabs(lg[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
     cr_expect_lt(md / mr, 1e-5, "dumped logits vs reference: %g", md / mr);
+    free(out); free(err);
+    /* the default f16 KV cache: within f16 rounding of the reference, and not f32 in disguise */
+    snprintf(args, sizeof args, "run %s --ids %s -n 0 --dump-logits %s", gguf, ids, dump);
+    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_expect(strstr(err, "f16 KV") != NULL, "the default KV cache is not f16: %s", err);
+    f = fopen(dump, "rb");
+    cr_assert_eq(fread(lg, 1, st.st_size, f), (size_t)st.st_size);
+    fclose(f);
+    md = 0;
+    for (int i = 0; i < 20 * t.s.n_vocab; i++) md = fmax(md, fabs(lg[i] - ref[i]));
+    cr_expect(md / mr > 1e-7 && md / mr < 2e-3, "f16 KV logits vs reference: %g", md / mr);
     free(out); free(err); free(lg); free(ref);
     /* an output that cannot be written: error, and nothing half-written left behind */
     snprintf(args, sizeof args, "run %s --ids %s -n 1 --dump-logits %s/no/such/dir/x.f32", gguf, ids, dir);

@@ -322,6 +322,136 @@ Test(ops, attn_multi)
             }
 }
 
+/* f16 rows (the f16 KV cache): every F16C kernel against its scalar twin (1e-6 of the
+ * magnitudes: both widen the same halves exactly, only the order of the sums differs), and the
+ * scalar twins bit-equal to the f32 kernels' twins on the widened rows. */
+static uint16_t *to_f16(const float *x, int n)
+{
+    uint16_t *h = malloc(sizeof(uint16_t) * (n + 1));
+    ops_f32_to_f16_ref(h, x, n);
+    return h;
+}
+
+static float *widen(const uint16_t *h, int n)
+{
+    float *x = malloc(sizeof(float) * (n + 1));
+    for (int i = 0; i < n; i++) x[i] = gguf_f16_to_f32(h[i]);
+    return x;
+}
+
+Test(ops, attn_f16_match_scalar)
+{
+    const int d_list[] = { 64, 24, 128, 8, 13 };
+    const int t_list[] = { 0, 1, 4, 7, 9, 100, 1000 };
+    const int nq_list[] = { 1, 3, 4, 5 };
+    for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
+        for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
+            const int d = d_list[di], t = t_list[ti], ldq = d + 3, ldo = d + 5;
+            uint64_t r = 77 * d + t;
+            float *Kf = malloc(sizeof(float) * (t * d + 1)), *Vf = malloc(sizeof(float) * (t * d + 1));
+            for (int i = 0; i < t * d; i++) Kf[i] = frand(&r) * 3, Vf[i] = frand(&r);
+            uint16_t *K = to_f16(Kf, t * d), *V = to_f16(Vf, t * d);
+            float *Kw = widen(K, t * d), *Vw = widen(V, t * d);
+            float *Q = malloc(sizeof(float) * 5 * ldq), *S = malloc(sizeof(float) * (5 * t + 1));
+            float *Sr = malloc(sizeof(float) * (5 * t + 1)), *Sw = malloc(sizeof(float) * (5 * t + 1));
+            float *O = malloc(sizeof(float) * 5 * ldo), *Or = malloc(sizeof(float) * 5 * ldo), *Ow = malloc(sizeof(float) * 5 * ldo);
+            int32_t *idx = malloc(sizeof(int32_t) * (t + 1));
+            int len[5];
+            for (int i = 0; i < 5 * ldq; i++) Q[i] = frand(&r) * 2;
+            for (int j = 0; j < t; j++) idx[j] = (int32_t)((j * 7 + 3) % t);
+            const float scale = 1 / sqrtf((float)d);
+            for (int gathered = 0; gathered < 2; gathered++) {
+                const int32_t *ix = gathered ? idx : NULL;
+                ops_attn_scores_f16(S, Q, K, ix, t, d, scale);
+                ops_attn_scores_f16_ref(Sr, Q, K, ix, t, d, scale);
+                if (ix) ops_attn_scores_idx_ref(Sw, Q, Kw, ix, t, d, scale);
+                else ops_attn_scores_ref(Sw, Q, Kw, t, d, scale);
+                for (int j = 0; j < t; j++) {
+                    const int row = ix ? ix[j] : j;
+                    double mag = 0;
+                    for (int c = 0; c < d; c++) mag += fabs(Q[c] * Kw[(size_t)row * d + c]);
+                    cr_expect(fabs(S[j] - Sr[j]) <= 1e-6 * scale * mag + 1e-30, "scores_f16 d=%d t=%d idx=%d [%d]: %.9g vs %.9g",
+                              d, t, gathered, j, S[j], Sr[j]);
+                    cr_expect_eq(Sr[j], Sw[j], "scores_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d, t, j);
+                }
+                for (int j = 0; j < t; j++) S[j] = fabsf(frand(&r));
+                ops_attn_accum_f16(O, S, V, ix, t, d);
+                ops_attn_accum_f16_ref(Or, S, V, ix, t, d);
+                if (ix) ops_attn_accum_idx_ref(Ow, S, Vw, ix, t, d);
+                else ops_attn_accum_ref(Ow, S, Vw, t, d);
+                for (int c = 0; c < d; c++) {
+                    double mag = 0;
+                    for (int j = 0; j < t; j++) mag += fabs(S[j] * Vw[(size_t)(ix ? ix[j] : j) * d + c]);
+                    cr_expect(fabs(O[c] - Or[c]) <= 1e-6 * mag + 1e-30, "accum_f16 d=%d t=%d idx=%d [%d]: %.9g vs %.9g",
+                              d, t, gathered, c, O[c], Or[c]);
+                    cr_expect_eq(Or[c], Ow[c], "accum_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d, t, c);
+                }
+            }
+            for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list && t > 0; qi++) {
+                const int nq = nq_list[qi];
+                ops_attn_scores_multi_f16(S, Q, nq, ldq, K, t, d, scale);
+                ops_attn_scores_multi_f16_ref(Sr, Q, nq, ldq, K, t, d, scale);
+                for (int i = 0; i < nq; i++)
+                    for (int j = 0; j < t; j++) {
+                        double mag = 0;
+                        for (int c = 0; c < d; c++) mag += fabs(Q[i * ldq + c] * Kw[(size_t)j * d + c]);
+                        cr_expect(fabs(S[i * t + j] - Sr[i * t + j]) <= 1e-6 * scale * mag + 1e-30,
+                                  "scores_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, j, S[i * t + j], Sr[i * t + j]);
+                    }
+                for (int i = 0; i < nq; i++) {
+                    len[i] = 1 + (i * 5 + t / 2) % t;
+                    for (int j = 0; j < t; j++) S[i * t + j] = j < len[i] ? fabsf(frand(&r)) : NAN;
+                }
+                for (int i = 0; i < nq * ldo; i++) O[i] = Or[i] = -7;
+                ops_attn_accum_multi_f16(O, ldo, S, nq, len, V, t, d);
+                ops_attn_accum_multi_f16_ref(Or, ldo, S, nq, len, V, t, d);
+                for (int i = 0; i < nq; i++)
+                    for (int c = 0; c < ldo; c++) {
+                        if (c >= d) { cr_expect_eq(O[i * ldo + c], -7.0f); continue; }
+                        double mag = 0;
+                        for (int j = 0; j < len[i]; j++) mag += fabs(S[i * t + j] * Vw[(size_t)j * d + c]);
+                        cr_expect(fabs(O[i * ldo + c] - Or[i * ldo + c]) <= 1e-6 * mag + 1e-30,
+                                  "accum_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, c, O[i * ldo + c], Or[i * ldo + c]);
+                    }
+            }
+            free(Kf); free(Vf); free(K); free(V); free(Kw); free(Vw); free(Q); free(S); free(Sr); free(Sw);
+            free(O); free(Or); free(Ow); free(idx);
+        }
+}
+
+/* f32 -> f16 -> f32: the vector conversions equal the scalar ones (round to nearest even) for
+ * random values across the f16 range, the subnormals, overflow, zeros and infinities, and every
+ * one of the 65536 halves widens as gguf_f16_to_f32 does. */
+Test(ops, f16_conversions_match_scalar)
+{
+    enum { N = 4099 };
+    float x[N];
+    uint16_t h[N], hr[N];
+    uint64_t r = 5;
+    for (int i = 0; i < N; i++) {
+        const float u = frand(&r);
+        switch (i % 6) {
+        case 0: x[i] = u * 70000; break;          /* beyond 65504: rounds to infinity */
+        case 1: x[i] = u * 1e-6f; break;          /* f16 subnormals */
+        case 2: x[i] = u * 1e-9f; break;          /* below them: zero */
+        default: x[i] = u * 8; break;
+        }
+    }
+    x[0] = 0, x[1] = -0.0f, x[2] = INFINITY, x[3] = -INFINITY, x[4] = 65504, x[5] = 65520;   /* 65520 ties to inf */
+    ops_f32_to_f16(h, x, N);
+    ops_f32_to_f16_ref(hr, x, N);
+    for (int i = 0; i < N; i++) cr_expect_eq(h[i], hr[i], "f32_to_f16(%.9g): %04x vs %04x", x[i], h[i], hr[i]);
+    static uint16_t all[65536];
+    static float w[65536];
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    ops_f16_to_f32(w, all, 65536);
+    for (int i = 0; i < 65536; i++) {
+        const float want = gguf_f16_to_f32((uint16_t)i);
+        if (isnan(want)) cr_expect(isnan(w[i]), "f16_to_f32(%04x) is not NaN", i);
+        else cr_expect(memcmp(&w[i], &want, 4) == 0, "f16_to_f32(%04x): %.9g vs %.9g", i, w[i], want);
+    }
+}
+
 /* The vectorised exp: within 2e-7 relative of exp on [-87.3, 88.3] (measured max about 1.2e-7),
  * 0 below -87.4, finite above (exp(88.376)), in the vector loop and in the scalar tail. */
 Test(ops, exp_matches_expf)
