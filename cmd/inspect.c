@@ -160,8 +160,8 @@ static int inspect_model(const char *path, int json, int all)
         printf("rope          theta %g, scaling %s, file layout %s\n", cf->rope_theta, scaling, layout);
         printf("norm          RMSNorm, eps %g; embeddings %s\n", cf->norm_eps, cf->tied_embeddings ? "tied" : "separate");
         printf("parameters    %.1f M\n", m->n_params / 1e6);
-        printf("memory        weights %.1f MB; KV cache (f32) %.1f KB per token, %.1f MB at %d tokens\n",
-               m->weight_bytes / 1e6, kv_tok / 1e3, kv_tok * cf->n_ctx_train / 1e6, cf->n_ctx_train);
+        printf("memory        weights %.1f MB; KV cache (f16) %.1f KB per token, %.1f MB at %d tokens (f32: twice)\n",
+               m->weight_bytes / 1e6, kv_tok / 2e3, kv_tok / 2 * cf->n_ctx_train / 1e6, cf->n_ctx_train);
         if (m->tok)
             printf("tokenizer     byte-level BPE, %d tokens, bos %d, eos %d\n", tokenizer_n_vocab(m->tok),
                    tokenizer_bos(m->tok), tokenizer_eos(m->tok));

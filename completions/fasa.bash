@@ -74,13 +74,14 @@ _fasa()
     run)
         opts="--model --mode --profile --budget --fcs --dense-layers --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
-              --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --help"
+              --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --help"
         argopts="-m --model --mode -p --profile --budget --fcs --dense-layers -n --n-predict --temp --top-k
-                 --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold"
+                 --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
         --mode) COMPREPLY=( $(compgen -W "full fasa-c fasa-m" -- "$cur") ); return 0 ;;
         --kv-cold) compopt -o filenames 2>/dev/null; COMPREPLY=( $(compgen -d -- "$cur") ); return 0 ;;
+        --kv-type) COMPREPLY=( $(compgen -W "f16 f32" -- "$cur") ); return 0 ;;
         --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --ids|--dump-logits) _fasa_files "$cur"; return 0 ;;
@@ -120,9 +121,9 @@ _fasa()
         ;;
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-              --repeats --fcs --kv-cold --bandwidth --csv --json --threads --help"
+              --repeats --fcs --kv-cold --kv-type --bandwidth --csv --json --threads --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-                 --repeats --fcs --kv-cold --bandwidth --csv -t --threads"
+                 --repeats --fcs --kv-cold --kv-type --bandwidth --csv -t --threads"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey speed" -- "$cur") ); return 0 ;;
@@ -131,6 +132,7 @@ _fasa()
                                oracle stream snapkv h2o quest random"
             return 0 ;;
         --kv-cold) compopt -o filenames 2>/dev/null; COMPREPLY=( $(compgen -d -- "$cur") ); return 0 ;;
+        --kv-type) COMPREPLY=( $(compgen -W "f16 f32" -- "$cur") ); return 0 ;;
         --csv) _fasa_files "$cur"; return 0 ;;
         --budget|--k|--context|--tokens|--steps|--depths|--seeds|--repeats|--fcs|--bandwidth|-t|--threads) return 0 ;;
         esac

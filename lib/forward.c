@@ -315,14 +315,15 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             }
         }
         const int halves = n >= 16 ? 2 : 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+        /* (the ifs keep a loop with nothing to do from forking the team at all) */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (dense_batch)
         for (int it = 0; it < (dense_batch ? H * halves : 0); it++) {
             const int h = it / halves, part = it % halves, tid = omp_get_thread_num();
             const size_t blk = (size_t)n * s->n_ctx;
             float *S = s->bscores + (size_t)tid * blk * (s->kv.n_split ? 2 : 1);
             attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
         }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (!dense_batch && !dense_decode)
         for (int ih = 0; ih < (dense_batch || dense_decode ? 0 : n * H); ih++) {
             const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
             const float *q = s->q + (size_t)i * qd + h * dh;
