@@ -95,9 +95,69 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
     return m;
 }
 
+/* Sampled threshold, for k well below n (FASA's budget over a long cache): the scores at 256
+ * evenly spaced positions give a value that about 1.5 k + 64 scores should reach; one vector pass
+ * keeps every score >= it (a superset of the top k when there are at least k of them, since every
+ * score left out is smaller than every one kept), and the exact top k is selected among those few.
+ * Returns -1 when the guess keeps fewer than k or more than n / 4, or on NaN: the caller falls
+ * back. */
+#define TSAMPLE 256
+static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
+{
+    uint64_t smp[TSAMPLE];
+    for (int j = 0; j < TSAMPLE; j++) {
+        const int i = (int)((int64_t)j * n / TSAMPLE);
+        smp[j] = topk_pack(score[i], (uint32_t)i);
+    }
+    int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
+    if (r >= TSAMPLE / 4) return -1;
+    topk_select(smp, TSAMPLE, r);
+    uint64_t g = smp[0];
+    for (int j = 1; j < r; j++) g = smp[j] < g ? smp[j] : g;
+    const int gi = (int)topk_index(g);
+    const float thr = score[gi];
+    if (thr != thr) return -1;
+    int m = 0, nan = 0;
+    const int cap = n / 4;
+    int i = 0;
+#ifdef __AVX2__
+    const __m256 vt = _mm256_set1_ps(thr);
+    __m256 vnan = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(score + i);
+        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ));
+        if (!bits) continue;
+        if (m + 8 > cap) return -1;
+        for (; bits; bits &= bits - 1) idx[m++] = i + __builtin_ctz(bits);
+    }
+    nan = _mm256_movemask_ps(vnan);
+#endif
+    for (; i < n; i++) {
+        nan |= score[i] != score[i];
+        if (score[i] >= thr) {
+            if (m >= cap) return -1;
+            idx[m++] = i;
+        }
+    }
+    if (nan || m < k) return -1;
+    for (int j = 0; j < m; j++) scratch[j] = topk_pack(score[idx[j]], (uint32_t)idx[j]);
+    topk_select(scratch, m, k);
+    uint64_t kth = scratch[0];
+    for (int j = 1; j < k; j++) kth = scratch[j] < kth ? scratch[j] : kth;
+    int out = 0;   /* the candidates are ascending: keep those at or above the k-th, in order */
+    for (int j = 0; j < m; j++)
+        if (topk_pack(score[idx[j]], (uint32_t)idx[j]) >= kth) idx[out++] = idx[j];
+    return out;
+}
+
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
+    if (n >= 4096 && k <= n / 16) {
+        int m = topk_sampled(score, n, k, idx, scratch);
+        if (m >= 0) return m;
+    }
     if (n >= 1024 && k < n) {
         int m = topk_hist(score, n, k, idx, scratch);
         if (m >= 0) return m;

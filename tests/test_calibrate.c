@@ -319,8 +319,10 @@ static int key_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* topk_indices (histogram select, quickselect fallback) against a full sort: smooth scores, heavy
- * ties, and a huge outlier that squeezes everything else into one bin. */
+/* topk_indices (sampled threshold, histogram select, quickselect fallback) against a full sort:
+ * smooth scores, heavy ties, a huge outlier that squeezes everything else into one bin, scores
+ * whose large values sit exactly between the sampled positions (the sampled guess keeps too few:
+ * fallback), a NaN, and scores rising with the index. */
 Test(calibrate, topk_indices_match_full_sort)
 {
     uint64_t r = 77;
@@ -328,10 +330,17 @@ Test(calibrate, topk_indices_match_full_sort)
         float *s = malloc(sizeof(float) * n);
         int32_t *idx = malloc(sizeof(int32_t) * n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < 6; kind++) {
             for (int i = 0; i < n; i++)
                 s[i] = kind == 1 ? (float)(int)(sampler_rand(&r) * 50) : sampler_rand(&r) * 8 - 4;
             if (kind == 2) s[n / 2] = 1e30f;
+            if (kind == 3)   /* sampled positions (j n / 256) all low, everything else high */
+                for (int i = 0; i < n; i++) s[i] = 10 + sampler_rand(&r);
+            if (kind == 3)
+                for (int j = 0; j < 256; j++) s[(int)((int64_t)j * n / 256)] = -10 - sampler_rand(&r);
+            if (kind == 4) s[n / 3] = NAN;
+            if (kind == 5)
+                for (int i = 0; i < n; i++) s[i] = (float)i * 1e-3f;
             for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
             qsort(all, n, sizeof *all, key_desc);
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
