@@ -40,6 +40,7 @@ static const char usage_text[] =
     "      --k LIST          K values (ca; default 64,256,512,768,1024,2048)\n"
     "      --context LIST    C (ppl; default 4096,8192) or passkey lengths (default 1024,2048,4096,8192)\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
+    "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
     "      --steps M         decode steps (default 256)\n"
     "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
     "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
@@ -128,10 +129,13 @@ static int write_csv(const char *path, const bench_row *r, int n)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return die("out of memory");
-    fprintf(f, "task,policy,budget,context,depth,value\n");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s,%s,%d,%d,%g,%.6f\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
-                r[i].depth, r[i].value);
+    fprintf(f, "task,policy,budget,context,depth,value,layer\n");
+    for (int i = 0; i < n; i++) {
+        char layer[16] = "";   /* empty: all layers */
+        if (r[i].layer >= 0) snprintf(layer, sizeof layer, "%d", r[i].layer);
+        fprintf(f, "%s,%s,%d,%d,%g,%.6f,%s\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
+                r[i].depth, r[i].value, layer);
+    }
     fclose(f);
     int rc = write_file_atomic(path, buf, len);
     free(buf);
@@ -317,7 +321,7 @@ int cmd_bench(int argc, char **argv)
         { "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
         { "repeats", required_argument, 0, 'R' }, { "fcs", required_argument, 0, 'F' },
         { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
-        { "kv-type", required_argument, 0, 'Y' },
+        { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -326,7 +330,7 @@ int cmd_bench(int argc, char **argv)
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 22;
-    int json = 0, c;
+    int json = 0, per_layer = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
         switch (c) {
@@ -342,6 +346,7 @@ int cmd_bench(int argc, char **argv)
         case 'R': if (parse_int("--repeats", optarg, 1, 1000, &repeats)) return EXIT_USAGE; break;
         case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'k': kv_cold = optarg; break;
+        case 'L': per_layer = 1; break;
         case 'Y':
             if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
             kv_f16 = !strcmp(optarg, "f16");
@@ -369,7 +374,7 @@ int cmd_bench(int argc, char **argv)
         return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);
     /* the lists before the model is read */
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
-    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds, .kv_f16 = kv_f16 == 1 };
+    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds, .kv_f16 = kv_f16 == 1, .per_layer = per_layer };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);
@@ -431,7 +436,8 @@ int cmd_bench(int argc, char **argv)
             if (!strcmp(task, "ca")) {
                 cJSON_AddStringToObject(o, "method", rows[i].policy);
                 cJSON_AddNumberToObject(o, "k", rows[i].budget);
-                cJSON_AddNumberToObject(o, "ca", rows[i].value);
+                if (rows[i].layer >= 0) cJSON_AddNumberToObject(o, "layer", rows[i].layer);
+                cJSON_AddNumberToObject(o, rows[i].task, rows[i].value);   /* "ca" or "mass" */
             } else {
                 cJSON_AddStringToObject(o, "task", rows[i].task);
                 cJSON_AddStringToObject(o, "policy", rows[i].policy);
@@ -447,14 +453,29 @@ int cmd_bench(int argc, char **argv)
         free(s);
         cJSON_Delete(a);
     } else if (!strcmp(task, "ca")) {
-        printf("%-14s", "method \\ K");
-        for (int b = 0; b < cfg.n_k; b++) printf(" %7d", cfg.ks[b]);
-        printf("\n");
-        for (int p = 0; p < cfg.n_policy; p++) {
-            printf("%-14s", cfg.policies[p].name);
-            for (int b = 0; b < cfg.n_k; b++) printf(" %7.1f", 100 * rows[p * cfg.n_k + b].value);
+        /* rows: (layer -1, then each) x (ca, mass) x policy x K */
+        const int per = cfg.n_policy * cfg.n_k;
+        for (int what = 0; what < 2; what++) {
+            printf("%s%-14s", what ? "\nattention mass held, %\n" : "compound CA, %\n", "method \\ K");
+            for (int b = 0; b < cfg.n_k; b++) printf(" %7d", cfg.ks[b]);
             printf("\n");
+            for (int p = 0; p < cfg.n_policy; p++) {
+                printf("%-14s", cfg.policies[p].name);
+                for (int b = 0; b < cfg.n_k; b++) printf(" %7.1f", 100 * rows[what * per + p * cfg.n_k + b].value);
+                printf("\n");
+            }
         }
+        for (int b = 0; per_layer && b < cfg.n_k; b++)
+            for (int what = 0; what < 2; what++) {
+                printf("\n%s by layer at K = %d, %%\nlayer", what ? "attention mass held" : "compound CA", cfg.ks[b]);
+                for (int p = 0; p < cfg.n_policy; p++) printf(" %9.9s", cfg.policies[p].name);
+                printf("\n");
+                for (int l = 0; 2 * per * (l + 2) <= n_rows; l++) {
+                    printf("%5d", l);
+                    for (int p = 0; p < cfg.n_policy; p++) printf(" %9.1f", 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
+                    printf("\n");
+                }
+            }
     } else {
         printf("%-8s %-14s %8s %8s %6s %10s\n", "task", "policy", "budget", "context", "depth", "value");
         for (int i = 0; i < n_rows; i++) {

@@ -56,7 +56,9 @@ png=$work/bench-$task.png
 run "$FASA" bench "$model" --task "$task" $small ${BENCH_ARGS:-} --csv "$csv" --json > "$json"
 echo "rows: $csv, $json" >&2
 
-# The CSV's columns: task,policy,budget,context,depth,value (for ca, budget holds K).
+# The CSV's columns: task,policy,budget,context,depth,value,layer (for ca, budget holds K; ca also
+# writes "mass" rows, the attention probability each selection holds: only the "ca" rows of all
+# layers are plotted).
 if [ "$task" = ca ]; then
     xlabel="K (top-K tokens compared)"; ylabel="compound contextual agreement (%)"; scale=100
     title="contextual agreement with the head's own top-K"
@@ -80,7 +82,7 @@ set logscale x 2
 set title "$title"
 set xlabel "$xlabel"
 set ylabel "$ylabel"
-plot for [p in "$policies"] '$csv' every ::1 using 3:(strcol(2) eq p ? \$6 * $scale : NaN) \
+plot for [p in "$policies"] '$csv' every ::1 using 3:(strcol(2) eq p && strcol(1) eq "$task" && strcol(7) eq "" ? \$6 * $scale : NaN) \
         with linespoints title p${full:+, $full * $scale with lines dashtype 2 linecolor rgb 'black' title 'full'}
 EOF
 else
@@ -95,7 +97,8 @@ rows = json.load(open(path))
 series, full = {}, None
 for r in rows:
     if task == "ca":
-        series.setdefault(r["method"], []).append((r["k"], 100 * r["ca"]))
+        if "ca" in r and "layer" not in r:
+            series.setdefault(r["method"], []).append((r["k"], 100 * r["ca"]))
     elif r["policy"] == "full":
         full = r["value"]
     else:

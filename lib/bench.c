@@ -61,7 +61,7 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
     memset(x, 0, sizeof *x);
     snprintf(x->task, sizeof x->task, "%s", task);
     snprintf(x->policy, sizeof x->policy, "%s", policy);
-    x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth;
+    x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth, x->layer = -1;
     return 0;
 }
 
@@ -83,9 +83,11 @@ typedef struct ca_ctx {
     const bench_cfg *cfg;
     policy *pol;             /* (n_policy) */
     const attn_stats *st;
-    int n_prefill, n_ctx, n_threads;
-    uint64_t *hits, *den;    /* (n_threads, n_policy, n_k) */
-    float **full;
+    int n_prefill, n_ctx, n_threads, n_layer;
+    uint64_t *hits, *den;    /* (n_threads, n_policy, n_k, n_layer) */
+    double *mass;            /* (n_threads, n_policy, n_k, n_layer): attention probability held */
+    uint64_t *queries;       /* (n_threads, n_layer): (query, head) pairs seen */
+    float **full, **prob;
     uint8_t **bucket;
     uint64_t **keys;
     int32_t **idx;
@@ -99,9 +101,14 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
     const bench_cfg *cfg = c->cfg;
     const int tid = omp_get_thread_num(), t = pos + 1, d = m->cfg.d_head, g = head / (m->cfg.n_head / m->cfg.n_kv_head);
     const float *K = kvcache_k(&s->kv, layer, g);
-    float *full = c->full[tid];
+    float *full = c->full[tid], *prob = c->prob[tid];
     for (int i = 0; i < t; i++) full[i] = ops_dot(q, K + (size_t)i * d, d);
     calib_buckets(full, t, cfg->ks, cfg->n_k, c->bucket[tid], c->keys[tid]);
+    /* full attention's probabilities, for the mass each selection holds */
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < t; i++) prob[i] = full[i] * scale;
+    ops_softmax(prob, t);
+    c->queries[(size_t)tid * c->n_layer + layer]++;
     /* q of every head of this token: the forward pass keeps them contiguous */
     const float *q_tok = q - (size_t)head * d;
     for (int p = 0; p < cfg->n_policy; p++) {
@@ -111,11 +118,13 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
             policy_scratch sc = { c->score[tid], c->keys[tid] + 2 * (size_t)c->n_ctx + 256, NULL };
             int n = policy_select(&c->pol[p], s, c->st, layer, head, pos, q_tok, K_, c->idx[tid], &sc);
             int inter = 0;
-            if (n < 0) inter = k;   /* everything fits: agreement is total */
-            else for (int j = 0; j < n; j++) inter += c->bucket[tid][c->idx[tid][j]] <= b;
-            size_t at = ((size_t)tid * cfg->n_policy + p) * cfg->n_k + b;
+            double held = 0;
+            if (n < 0) inter = k, held = 1;   /* everything fits: agreement is total */
+            else for (int j = 0; j < n; j++) inter += c->bucket[tid][c->idx[tid][j]] <= b, held += prob[c->idx[tid][j]];
+            size_t at = (((size_t)tid * cfg->n_policy + p) * cfg->n_k + b) * c->n_layer + layer;
             c->hits[at] += inter;
             c->den[at] += k;
+            c->mass[at] += held;
         }
     }
 }
@@ -130,24 +139,29 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     if (!s) return FASA_ENOMEM;
     attn_stats st;
     if ((rc = attn_stats_init(&st, m, n, STATS_QUEST | STATS_SNAPKV, n_prefill, err)) < 0) { run_state_free(s); return rc; }
-    ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads };
+    const int L = m->cfg.n_layer;
+    ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads, .n_layer = L };
     c.pol = calloc(cfg->n_policy, sizeof *c.pol);
-    size_t nh = (size_t)c.n_threads * cfg->n_policy * cfg->n_k;
+    size_t nh = (size_t)c.n_threads * cfg->n_policy * cfg->n_k * L;
     c.hits = calloc(nh, sizeof *c.hits);
     c.den = calloc(nh, sizeof *c.den);
+    c.mass = calloc(nh, sizeof *c.mass);
+    c.queries = calloc((size_t)c.n_threads * L, sizeof *c.queries);
     c.full = calloc(c.n_threads, sizeof *c.full);
+    c.prob = calloc(c.n_threads, sizeof *c.prob);
     c.bucket = calloc(c.n_threads, sizeof *c.bucket);
     c.keys = calloc(c.n_threads, sizeof *c.keys);
     c.idx = calloc(c.n_threads, sizeof *c.idx);
     c.score = calloc(c.n_threads, sizeof *c.score);
-    int ok = c.pol && c.hits && c.den && c.full && c.bucket && c.keys && c.idx && c.score;
+    int ok = c.pol && c.hits && c.den && c.mass && c.queries && c.full && c.prob && c.bucket && c.keys && c.idx && c.score;
     for (int t = 0; ok && t < c.n_threads; t++) {
         c.full[t] = malloc(sizeof(float) * n);
+        c.prob[t] = malloc(sizeof(float) * n);
         c.bucket[t] = malloc(n);
         c.keys[t] = malloc(sizeof(uint64_t) * (3 * (size_t)n + 256));
         c.idx[t] = malloc(sizeof(int32_t) * n);
         c.score[t] = malloc(sizeof(float) * n);
-        ok = c.full[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];
+        ok = c.full[t] && c.prob[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];
     }
     if (!ok) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
     for (int p = 0; p < cfg->n_policy; p++) {
@@ -165,20 +179,32 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
         if ((rc = model_forward(m, s, ids + i, nb, 0, err)) < 0) goto out;
         if (cfg->progress) cfg->progress(cfg->progress_ctx, i + nb - n_prefill, steps);
     }
-    for (int p = 0; p < cfg->n_policy; p++)
-        for (int b = 0; b < cfg->n_k; b++) {
-            uint64_t h = 0, dd = 0;
-            for (int t = 0; t < c.n_threads; t++) {
-                size_t at = ((size_t)t * cfg->n_policy + p) * cfg->n_k + b;
-                h += c.hits[at], dd += c.den[at];
-            }
-            if (add_row(rows, n_rows, "ca", cfg->policies[p].name, cfg->ks[b], n, dd ? (double)h / dd : 0,
-                        (double)steps * m->cfg.n_layer * m->cfg.n_head, -1) < 0) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
-        }
+    /* layer -1: all layers; then each layer when asked */
+    for (int lay = -1; lay < (cfg->per_layer ? L : 0); lay++)
+        for (int what = 0; what < 2; what++)   /* ca, mass */
+            for (int p = 0; p < cfg->n_policy; p++)
+                for (int b = 0; b < cfg->n_k; b++) {
+                    uint64_t h = 0, dd = 0, nq = 0;
+                    double ms = 0;
+                    for (int t = 0; t < c.n_threads; t++)
+                        for (int l = lay < 0 ? 0 : lay; l < (lay < 0 ? L : lay + 1); l++) {
+                            size_t at = (((size_t)t * cfg->n_policy + p) * cfg->n_k + b) * L + l;
+                            h += c.hits[at], dd += c.den[at], ms += c.mass[at];
+                            nq += c.queries[(size_t)t * L + l];
+                        }
+                    const double v = what ? (nq ? ms / nq : 0) : (dd ? (double)h / dd : 0);
+                    if (add_row(rows, n_rows, what ? "mass" : "ca", cfg->policies[p].name, cfg->ks[b], n, v,
+                                (double)steps * (lay < 0 ? L : 1) * m->cfg.n_head, -1) < 0) {
+                        rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+                        goto out;
+                    }
+                    (*rows)[*n_rows - 1].layer = lay;
+                }
 out:
     for (int p = 0; c.pol && p < cfg->n_policy; p++) policy_free(&c.pol[p]);
     for (int t = 0; c.full && t < c.n_threads; t++) free(c.full[t]), free(c.bucket[t]), free(c.keys[t]), free(c.idx[t]), free(c.score[t]);
-    free(c.pol); free(c.hits); free(c.den); free(c.full); free(c.bucket); free(c.keys); free(c.idx); free(c.score);
+    for (int t = 0; c.prob && t < c.n_threads; t++) free(c.prob[t]);
+    free(c.pol); free(c.hits); free(c.den); free(c.mass); free(c.queries); free(c.full); free(c.prob); free(c.bucket); free(c.keys); free(c.idx); free(c.score);
     attn_stats_free(&st);
     run_state_free(s);
     return rc;

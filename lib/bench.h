@@ -32,6 +32,7 @@ typedef struct bench_cfg {
     int n_depth; double depths[BENCH_MAX];/* passkey */
     int seeds;                            /* passkey samples per (length, depth) */
     int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
+    int per_layer;                        /* ca: also rows per layer */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
 } bench_cfg;
@@ -40,6 +41,7 @@ typedef struct bench_row {
     char task[16], policy[48];
     int budget, context;     /* for ca: budget = K, context = tokens */
     double depth;            /* passkey: where the key sits (0 = start, 1 = end); else -1 */
+    int layer;               /* ca per layer: the layer; else -1 */
     double value;            /* ca in [0,1]; ppl; passkey accuracy in [0,1] */
     double extra;            /* ppl: mean NLL; passkey: samples; ca: steps x layers x heads */
 } bench_row;
@@ -49,6 +51,9 @@ typedef struct bench_row {
  * fasa-nodense (layer 0 sparse too). */
 int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err);
 
+/* ca: rows "ca" (compound CA per policy and K, in that order, n_policy x n_k), then "mass" (the
+ * share of full attention's probability the selected tokens hold, averaged over queries and
+ * heads), then with per_layer "ca" and "mass" rows for each layer (layer >= 0). */
 int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);

@@ -323,15 +323,33 @@ Test(attention, oracle_ca_bounds_every_policy, .timeout = 120)
     cfg.ks[0] = 8, cfg.ks[1] = 32, cfg.ks[2] = 64;
     bench_row *rows = NULL;
     int n = 0;
+    cfg.per_layer = 1;
     cr_assert_eq(bench_ca(e.m, e.ids, 240, &cfg, &rows, &n, err), 0, "%s", err);
-    cr_assert_eq(n, 21);
+    const int L = e.m->cfg.n_layer;
+    cr_assert_eq(n, 42 * (1 + L));
     for (int b = 0; b < 3; b++) {
-        double orc = rows[6 * 3 + b].value;
+        double orc = rows[6 * 3 + b].value, orc_mass = rows[21 + 6 * 3 + b].value;
         cr_expect_float_eq(orc, 1.0, 1e-12);
+        cr_expect(orc_mass > 0 && orc_mass <= 1 + 1e-6, "oracle mass %g", orc_mass);
         for (int p = 0; p < 6; p++) {
             cr_expect_leq(rows[p * 3 + b].value, orc, "%s at K=%d", names[p], cfg.ks[b]);
             cr_expect_geq(rows[p * 3 + b].value, 0.0);
+            /* the top K by score hold the most probability any K tokens can */
+            cr_expect_leq(rows[21 + p * 3 + b].value, orc_mass + 1e-9, "%s mass at K=%d", names[p], cfg.ks[b]);
+            cr_expect_str_eq(rows[21 + p * 3 + b].task, "mass");
         }
+        /* every layer sees as many queries, so the whole is the mean of the layers */
+        for (int p = 0; p < 7; p++)
+            for (int what = 0; what < 2; what++) {
+                double sum = 0;
+                for (int l = 0; l < L; l++) {
+                    const bench_row *r = &rows[42 * (1 + l) + 21 * what + p * 3 + b];
+                    cr_expect_eq(r->layer, l);
+                    sum += r->value;
+                }
+                cr_expect_float_eq(sum / L, rows[21 * what + p * 3 + b].value, 1e-6, "%s K=%d %s", names[p], cfg.ks[b],
+                                   what ? "mass" : "ca");
+            }
     }
     free(rows);
     env_close(&e);
