@@ -289,7 +289,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                                   s->policy->o.budget >= t1 || l < s->policy->o.n_dense_layers);
         if (dense_decode) {
             const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            /* a short cache is a few microseconds of work: cheaper than waking the team */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= 64)
             for (int it = 0; it < G * P; it++) {
                 const int tid = omp_get_thread_num();
                 float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
@@ -304,7 +305,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                             s->n_past >= s->sparse_from && group <= 8;
         if (tip_pre) {
             const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            /* a short cache is a few microseconds of work: cheaper than waking the team */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= 64)
             for (int it = 0; it < G * P; it++) {
                 const int g = it / P, p = it % P, tid = omp_get_thread_num();
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
