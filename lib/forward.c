@@ -120,6 +120,7 @@ static void attend(float *out, const float *q, const kvcache *kv, int l, int g, 
 {
     const int d = kv->d_head, s = kv->n_split;
     const float scale = 1.0f / sqrtf((float)d);
+    if (idx && kv->cold) kvcache_prefetch(kv, l, g, idx, n);
     kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores);
     if (s) {
         kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + s, 1, d, scale, tmp);

@@ -131,6 +131,19 @@ void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val
     row_put(kv, KV_VALUES, layer, head, i, val, kv->d_head);
 }
 
+void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n)
+{
+    for (enum kv_part p = kv->n_split ? KV_REST : KV_VALUES; p <= KV_VALUES; p++) {
+        const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
+        const char *base = kvcache_rows(kv, p, layer, head);
+        for (int j = 0; j < n; j++) {
+            const char *r = base + (size_t)idx[j] * rb;
+            for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(r + o, 0, 1);
+            __builtin_prefetch(r + rb - 1, 0, 1);
+        }
+    }
+}
+
 void kvcache_copy_row(kvcache *kv, int from, int to)
 {
     for (int l = 0; l < kv->n_layer; l++)

@@ -87,6 +87,10 @@ void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);
+/* Starts loading rows idx[0..n) of the rest of the keys and of the values (software prefetch),
+ * so that focused attention's gathers from them (FASA-M's cold tier) overlap with scoring the
+ * dominant block. A hint: no effect on results. */
+void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n);
 /* Stores key row `key` / value row `val` (d_head floats) at position i. */
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key);
 void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val);
