@@ -30,6 +30,9 @@ static const char usage_text[] =
     "      --budget N        fasa: tokens attended per query (default 256)\n"
     "      --fcs F           fasa: dominant frequency chunks per head (default: the profile's)\n"
     "      --dense-layers N  fasa: first N layers attend densely (default 1)\n"
+    "      --dense LIST      fasa: these layers attend densely too, e.g. 20,14 (the layers\n"
+    "                        'fasa bench --task ca --per-layer' shows losing attention mass on\n"
+    "                        the calibration text)\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
     "      --per-head        fasa-c: each head scores its own top F chunks, gathered from whole\n"
     "                        key rows (default: its KV group's top F chunks, which the cache keeps\n"
@@ -63,7 +66,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -80,6 +83,7 @@ static const struct option long_opts[] = {
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
     { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
+    { "dense", required_argument, 0, OPT_DENSE_LIST },
     { 0, 0, 0, 0 },
 };
 
@@ -160,6 +164,7 @@ int cmd_run(int argc, char **argv)
     cuda_hook hook = { 0 };
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the default */
+    uint64_t dense_mask = 0;
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0;
     double temp = 0, top_p = 1;
     int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
@@ -180,6 +185,14 @@ int cmd_run(int argc, char **argv)
         case OPT_PER_HEAD: per_head = 1; break;
         case OPT_ORDER: order_chunks = 1; break;
         case OPT_KV_COLD: kv_cold = optarg; break;
+        case OPT_DENSE_LIST:
+            for (char *p = optarg, *end; *p; p = *end ? end + 1 : end) {
+                long l = strtol(p, &end, 10);
+                if (end == p || l < 0 || l > 63 || (*end && *end != ','))
+                    return die_usage("--dense needs layer numbers 0..63 separated by commas, not '%s'", optarg);
+                dense_mask |= 1ull << l;
+            }
+            break;
         case OPT_KV_TYPE:
             if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
             kv_f16 = !strcmp(optarg, "f16");
@@ -265,6 +278,11 @@ int cmd_run(int argc, char **argv)
         po.prof = &prof;
         po.fcs = fcs ? (int)fcs : prof.fcs;
         po.n_dense_layers = (int)dense_layers;
+        po.dense_mask = dense_mask;
+        if (cfg->n_layer < 64 && dense_mask >> cfg->n_layer) {
+            status = die_usage("--dense: '%s' has %d layers", model_path, cfg->n_layer);
+            goto out;
+        }
         po.group = group;
         /* Split keys: the group's top F chunks first in every key, stored as their own block. */
         const int fasa_m = mode && !strcmp(mode, "fasa-m");
@@ -289,9 +307,14 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
         fasa = 1;
-        snprintf(mode_note, sizeof mode_note, "%s (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s%s)",
+        char dense_note[256] = "";
+        for (int l = 0; l < 64; l++)
+            if (dense_mask >> l & 1)
+                snprintf(dense_note + strlen(dense_note), sizeof dense_note - strlen(dense_note), "%s%d",
+                         *dense_note ? "," : " + layers ", l);
+        snprintf(mode_note, sizeof mode_note, "%s (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s%s%s)",
                  fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers,
-                 dense_layers == 1 ? "" : "s", group ? ", per-KV-head selection" : "",
+                 dense_layers == 1 ? "" : "s", dense_note, group ? ", per-KV-head selection" : "",
                  kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
     } else if (order_chunks) {
         if (model_rank_chunks(m, &prof, err) < 0) {

@@ -32,6 +32,7 @@ typedef struct policy_opts {
     int budget;              /* N: tokens attended per query (including forced ones) */
     int fcs;                 /* F: dominant chunks (fasa, random) */
     int n_dense_layers;      /* layers 0..n-1 always attend densely */
+    uint64_t dense_mask;     /* and so does layer l < 64 whose bit l is set */
     int n_sink, n_recent;    /* tokens always kept (fasa: 0, 0; stream: sink 4, recent N - 4) */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
     int block;               /* fasa: every head scores its group's top F chunks (the dims split
@@ -68,6 +69,12 @@ typedef struct policy_scratch {
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
 } policy_scratch;
+
+/* Layer l attends densely whatever the budget. */
+static inline int policy_layer_dense(const policy_opts *o, int l)
+{
+    return l < o->n_dense_layers || (l < 64 && (o->dense_mask >> l & 1));
+}
 
 const char *policy_name(enum policy_kind k);
 int  policy_parse(const char *name, enum policy_kind *out);

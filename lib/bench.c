@@ -19,6 +19,18 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     snprintf(out->name, sizeof out->name, "%s", spec);
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1;
+    uint64_t mask = 0;
+    char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
+    if (at) {
+        for (char *p = at + 1, *end; *p; p = *end ? end + 1 : end) {
+            long l = strtol(p, &end, 10);
+            if (end == p || l < 0 || l >= 64 || l >= m->cfg.n_layer || (*end && *end != '.'))
+                return fasa_error(err, FASA_EARG, "policy '%s': @ takes layers 0..%d separated by dots", spec,
+                                  (m->cfg.n_layer < 64 ? m->cfg.n_layer : 64) - 1);
+            mask |= 1ull << l;
+        }
+        *at = 0;
+    }
     char *colon = strchr(base, ':');
     if (colon) {
         char *end;
@@ -46,6 +58,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.group = group;
     out->o.block = block;
     out->o.n_dense_layers = dense;
+    out->o.dense_mask = mask;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
     return 0;
@@ -166,7 +179,7 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     if (!ok) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
     for (int p = 0; p < cfg->n_policy; p++) {
         policy_opts o = cfg->policies[p].o;
-        o.n_dense_layers = 0;   /* CA is measured in every layer */
+        o.n_dense_layers = 0, o.dense_mask = 0;   /* CA is measured in every layer */
         o.budget = 1;
         if ((rc = policy_init(&c.pol[p], m, &o, err)) < 0) goto out;
     }

@@ -48,7 +48,7 @@ typedef struct bench_row {
 
 /* Parses a policy spec: full, oracle, stream, snapkv, h2o, quest, random, fasa, and fasa
  * variants: fasa-1/8, fasa-1/4 (F as a fraction of the chunks), fasa:F, fasa-group,
- * fasa-nodense (layer 0 sparse too). */
+ * fasa-nodense (layer 0 sparse too); any of them @L.L.L: those layers dense as well. */
 int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err);
 
 /* ca: rows "ca" (compound CA per policy and K, in that order, n_policy x n_k), then "mass" (the

@@ -287,7 +287,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         const int t1 = s->n_past + 1;
         const int dense_decode = !s->attend_hook && n == 1 && !s->obs && !s->stats && c->n_head / c->n_kv_head <= 8 && dh <= 1024 &&
                                  (!s->policy || s->n_past < s->sparse_from || s->policy->o.kind == POLICY_FULL ||
-                                  s->policy->o.budget >= t1 || l < s->policy->o.n_dense_layers);
+                                  s->policy->o.budget >= t1 || policy_layer_dense(&s->policy->o, l));
         if (dense_decode) {
             const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
             /* a short cache is a few microseconds of work: cheaper than waking the team */

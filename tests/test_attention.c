@@ -208,9 +208,21 @@ Test(attention, fasa_with_budget_over_context_equals_full_exactly)
     double mb = 0;
     for (size_t i = 0; i < n * V; i++) mb = fmax(mb, fabs(sp[i] - bat[i]));
     cr_expect_lt(mb, 1e-5, "batched decode differs from step-by-step: %g", mb);
-    free(full); free(fasa); free(sp); free(bat);
+    /* dense layers by mask: every layer dense is full, bit for bit; bench's @L.L spec sets it */
+    policy masked;
+    o.dense_mask = (1ull << e.m->cfg.n_layer) - 1;
+    cr_assert_eq(policy_init(&masked, e.m, &o, err), 0);
+    float *mk = decode_logits(&e, &masked, 200, 240, 1);
+    cr_expect_eq(memcmp(full, mk, sizeof(float) * n * V), 0, "budget 16 with every layer dense is not full");
+    bench_policy bp;
+    cr_assert_eq(bench_policy_parse("fasa-1/4@0.2", e.m, &e.p, &bp, err), 0, "%s", err);
+    cr_expect_eq(bp.o.dense_mask, 5u);
+    cr_expect_lt(bench_policy_parse("fasa@3", e.m, &e.p, &bp, err), 0, "layer 3 of a 3-layer model accepted");
+    cr_expect_lt(bench_policy_parse("fasa@1,2", e.m, &e.p, &bp, err), 0);
+    free(full); free(fasa); free(sp); free(bat); free(mk);
     policy_free(&pol);
     policy_free(&small);
+    policy_free(&masked);
     env_close(&e);
 }
 

@@ -98,6 +98,7 @@ Test(cli, exit_status_rule)
         { "bench /nonexistent/m.gguf --task ca --k 256,64", 2 },
         { "run -m /nonexistent/m.gguf --device gpu hi", 2 },
         { "run -m /nonexistent/m.gguf --kv-type f8 hi", 2 },
+        { "run -m /nonexistent/m.gguf --dense 3,x hi", 2 },
         { "run -m /nonexistent/m.gguf --device cuda --kv-type f16 hi", 2 },
         { "bench /nonexistent/m.gguf --task ppl --kv-type bf16", 2 },
         { "bench /nonexistent/m.gguf --task ca --kv-type f16", 2 },
