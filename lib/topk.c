@@ -96,7 +96,7 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
 }
 
 /* Sampled threshold, for k well below n (FASA's budget over a long cache): the scores at 256
- * evenly spaced positions give a value that about 1.5 k + 64 scores should reach; one vector pass
+ * spread positions give a value that about 1.5 k + 64 scores should reach; one vector pass
  * keeps every score >= it (a superset of the top k when there are at least k of them, since every
  * score left out is smaller than every one kept), and the exact top k is selected among those few.
  * Returns -1 when the guess keeps fewer than k or more than n / 4, or on NaN: the caller falls
@@ -105,8 +105,10 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
 static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     uint64_t smp[TSAMPLE];
-    for (int j = 0; j < TSAMPLE; j++) {
-        const int i = (int)((int64_t)j * n / TSAMPLE);
+    for (int j = 0; j < TSAMPLE; j++) {   /* one position in each of 256 equal strata, jittered by a
+                                           * hash so that periodic scores are not sampled in phase */
+        const int64_t lo = (int64_t)j * n / TSAMPLE, hi = (int64_t)(j + 1) * n / TSAMPLE;
+        const int i = (int)(lo + ((uint32_t)(j + 1) * 2654435761u >> 8) % (uint32_t)(hi - lo));
         smp[j] = topk_pack(score[i], (uint32_t)i);
     }
     int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
