@@ -174,9 +174,11 @@ void ops_axpy(float *y, float a, const float *x, int n)
 #define MM_PARALLEL_MIN 32768
 
 /* Bytes the decode matvec prefetches ahead of the four rows it is reading, and the locality
- * hint (0: non-temporal). */
+ * hint (0: non-temporal). The hardware prefetcher alone left the decode sweep at 9-10 GB/s here;
+ * 1536 bytes ahead measured best (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes:
+ * 12.8-14.1 / 13.2-14.8 / 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads). */
 #ifndef MV_AHEAD
-#define MV_AHEAD 3072
+#define MV_AHEAD 1536
 #endif
 #ifndef MV_LOC
 #define MV_LOC 0
