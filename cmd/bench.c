@@ -251,7 +251,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         free(js);
     } else {
         printf("%-7s %6s %9s %8s %9s %7s %6s %9s %9s %9s\n", "policy", "depth", "tok/s", "attn ms", "MB/token",
-               "GB/s", "roof", "KV res MB", "KV coldMB", "RssAnonMB");
+               "GB/s", "roof", "KV res MB", "KV coldMB", "+AnonMB");
         for (int i = 0; i < n_rows; i++) {
             const speed_row *w = &rows[i];
             printf("%-7s %6d %9.2f %8.2f %9.1f %7.2f %5.1f%% %9.1f %9.1f %9.1f\n", w->policy, w->depth, w->decode_tok_s,

@@ -86,90 +86,110 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))
         return fasa_error(err, FASA_ENOMEM, "out of memory");
     *n_rows = 0;
-    double *tps = malloc(sizeof(double) * cfg->repeats), *attn = malloc(sizeof(double) * cfg->repeats);
-    if (!tps || !attn) { free(tps); free(attn); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+    const int P = cfg->n_policy, R = cfg->repeats;
+    double *tps = malloc(sizeof(double) * P * R), *attn = malloc(sizeof(double) * P * R);
+    struct unit {
+        run_state *s;
+        policy pol;
+        attn_stats st;
+        int have_pol, have_st;
+        double prefill_tps, anon_mb, file_mb;
+        uint64_t kv_read;
+    } *u = calloc(P, sizeof *u);
+    if (!tps || !attn || !u) { free(tps); free(attn); free(u); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
 
-    for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
+    /* Every policy's state first (a real prefill, timed, then the tiles); the memory each one
+     * adds is its own. */
+    for (int pi = 0; pi < P && rc == 0; pi++) {
         const enum speed_policy sp = cfg->policies[pi];
+        struct unit *x = &u[pi];
+        double a0, f0;
+        rss(&a0, &f0);
         kv_opts ko = { .f16 = cfg->kv_f16 };
         if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * fcs;
         if (sp == SPEED_FASA_M) ko.cold_dir = cfg->cold_dir ? cfg->cold_dir : "/tmp";
-        run_state *s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err);
-        if (!s) { rc = FASA_ENOMEM; break; }
-        policy pol = { 0 };
-        attn_stats st = { 0 };
-        int have_pol = 0, have_st = 0;
+        if (!(x->s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err))) { rc = FASA_ENOMEM; break; }
         if (sp != SPEED_FULL) {
             policy_opts o = policy_defaults(sp == SPEED_QUEST ? POLICY_QUEST : POLICY_FASA, m, cfg->budget);
             o.prof = prof;
             o.fcs = fcs;
             o.block = sp != SPEED_QUEST;
-            if ((rc = policy_init(&pol, m, &o, err)) < 0) { run_state_free(s); break; }
-            have_pol = 1;
+            if ((rc = policy_init(&x->pol, m, &o, err)) < 0) break;
+            x->have_pol = 1;
             if (sp == SPEED_QUEST) {
-                if ((rc = attn_stats_init(&st, m, deepest + cfg->steps + 1, STATS_QUEST, 0, err)) < 0) {
-                    policy_free(&pol); run_state_free(s); break;
-                }
-                have_st = 1;
+                if ((rc = attn_stats_init(&x->st, m, deepest + cfg->steps + 1, STATS_QUEST, 0, err)) < 0) break;
+                x->have_st = 1;
             }
         }
-        /* a real prefill, timed, then the tiles */
+        run_state *s = x->s;
         double t0 = fasa_now();
         for (int i = 0; i < fill && rc == 0; i += s->n_batch) {
             int nb = fill - i < s->n_batch ? fill - i : s->n_batch;
             rc = model_forward(m, s, ids + i, nb, 0, err);
         }
-        const double prefill_tps = fill / (fasa_now() - t0);
-        if (rc == 0) {
-            tile_cache(&s->kv, fill, deepest);
-            if (have_st) {
-                s->stats = &st;
-                for (int l = 0; l < c->n_layer; l++) attn_stats_append(&st, s, l, deepest);
-            }
-            if (have_pol) s->policy = &pol, s->sparse_from = 0;
+        x->prefill_tps = fill / (fasa_now() - t0);
+        if (rc) break;
+        tile_cache(&s->kv, fill, deepest);
+        if (x->have_st) {
+            s->stats = &x->st;
+            for (int l = 0; l < c->n_layer; l++) attn_stats_append(&x->st, s, l, deepest);
         }
-        for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
-            const int depth = cfg->depths[di];
-            uint64_t kv_read = 0;
-            for (int r = 0; r < cfg->repeats && rc == 0; r++) {
+        if (x->have_pol) s->policy = &x->pol, s->sparse_from = 0;
+        double a1, f1;
+        rss(&a1, &f1);
+        x->anon_mb = a1 - a0, x->file_mb = f1 - f0;
+    }
+    /* Then per depth, each repeat runs every policy in turn: a busy minute on a shared machine
+     * falls on all of them alike, so the ratios of one run hold. */
+    for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
+        const int depth = cfg->depths[di];
+        for (int r = 0; r < R && rc == 0; r++)
+            for (int pi = 0; pi < P && rc == 0; pi++) {
+                run_state *s = u[pi].s;
                 s->n_past = depth;
                 s->t_attn = 0;
                 const uint64_t kv0 = run_state_kv_bytes_read(s);
-                t0 = fasa_now();
+                const double t0 = fasa_now();
                 for (int k = 0; k < cfg->steps && rc == 0; k++) rc = model_forward(m, s, ids + fill + k, 1, 0, err);
                 const double secs = fasa_now() - t0;
-                tps[r] = cfg->steps / secs;
-                attn[r] = 1e3 * s->t_attn / cfg->steps;
-                kv_read = run_state_kv_bytes_read(s) - kv0;
+                tps[pi * R + r] = cfg->steps / secs;
+                attn[pi * R + r] = 1e3 * s->t_attn / cfg->steps;
+                u[pi].kv_read = run_state_kv_bytes_read(s) - kv0;
             }
-            if (rc) break;
+        for (int pi = 0; pi < P && rc == 0; pi++) {
+            const enum speed_policy sp = cfg->policies[pi];
+            const run_state *s = u[pi].s;
             speed_row *w = &(*rows)[(*n_rows)++];
             snprintf(w->policy, sizeof w->policy, "%s", names[sp]);
             w->depth = depth;
             w->kv_f16 = cfg->kv_f16;
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
             w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
-            w->decode_tok_s = median(tps, cfg->repeats);
-            w->attn_ms = median(attn, cfg->repeats);
-            w->bytes_per_token = (double)m->weight_bytes + (double)kv_read / cfg->steps;
+            w->decode_tok_s = median(tps + pi * R, R);
+            w->attn_ms = median(attn + pi * R, R);
+            w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;
             w->gb_s = w->bytes_per_token * w->decode_tok_s / 1e9;
             w->roofline = w->gb_s / cfg->bandwidth;
-            w->prefill_tok_s = prefill_tps;
+            w->prefill_tok_s = u[pi].prefill_tps;
             const int t = depth + cfg->steps;
             w->kv_resident_mb = kvcache_resident_bytes(&s->kv, t) / 1e6;
             w->kv_cold_mb = kvcache_cold_bytes(&s->kv, t) / 1e6;
             w->kv_total_mb = kvcache_bytes(&s->kv, t) / 1e6;
-            rss(&w->rss_anon_mb, &w->rss_file_mb);
+            w->rss_anon_mb = u[pi].anon_mb, w->rss_file_mb = u[pi].file_mb;
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
             w->peak_rss_mb = ru.ru_maxrss / 1024.0;
-            if (cfg->progress) cfg->progress(cfg->progress_ctx, ++done, cfg->n_policy * cfg->n_depth);
+            if (cfg->progress) cfg->progress(cfg->progress_ctx, ++done, P * cfg->n_depth);
         }
-        s->stats = NULL;
-        if (have_st) attn_stats_free(&st);
-        if (have_pol) policy_free(&pol);
-        run_state_free(s);
     }
+    for (int pi = 0; pi < P; pi++) {
+        if (!u[pi].s) continue;
+        u[pi].s->stats = NULL;
+        if (u[pi].have_st) attn_stats_free(&u[pi].st);
+        if (u[pi].have_pol) policy_free(&u[pi].pol);
+        run_state_free(u[pi].s);
+    }
+    free(u);
     free(tps);
     free(attn);
     return rc;

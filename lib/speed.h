@@ -6,8 +6,10 @@
  *
  * The cache is filled by a real dense prefill of the first tokens of a text, then tiled (rows
  * copied) out to the deepest depth: speed does not depend on what the rows hold, and a 32k-token
- * prefill would take longer than everything else. Each (policy, depth) decodes `steps` tokens
- * `repeats` times from the same depth and reports medians.
+ * prefill would take longer than everything else. Every policy's state is set up first; then at
+ * each depth, each of `repeats` rounds decodes `steps` tokens under every policy in turn, and
+ * each (policy, depth) reports medians: on a shared machine a busy moment falls on all policies
+ * alike. Rows come depth by depth, policies in the order given.
  */
 #ifndef FASA_SPEED_H
 #define FASA_SPEED_H
@@ -40,7 +42,9 @@ typedef struct speed_row {
     double gb_s, roofline;        /* bytes_per_token x tok/s; its fraction of cfg.bandwidth */
     double prefill_tok_s;         /* the real prefill of n_fill tokens */
     double kv_resident_mb, kv_cold_mb, kv_total_mb;   /* at this depth, by tier */
-    double rss_anon_mb, rss_file_mb, peak_rss_mb;     /* the process, after this row */
+    double rss_anon_mb, rss_file_mb;  /* what setting up this policy's state (prefill, cache tiled
+                                       * to the deepest depth) added to the process */
+    double peak_rss_mb;               /* the process's peak, after this row */
 } speed_row;
 
 speed_cfg speed_defaults(void);
