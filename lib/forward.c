@@ -10,6 +10,16 @@
 
 #define DECODE_PARTS 8   /* most parts one decode query's keys are cut into */
 
+/* Parts a decode step cuts t cached keys into (threads take them independently). */
+static int decode_parts(int t)
+{
+    return t >= 4096 ? DECODE_PARTS : t >= 1024 ? 4 : t >= 128 ? 2 : 1;
+}
+
+/* Below this many cached keys a decode step's attention is a few microseconds of work, less than
+ * waking the thread team: it stays on the calling thread. */
+#define DECODE_PARALLEL_MIN 64
+
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err)
 {
     return run_state_new_kv(m, n_ctx, n_batch, NULL, err);
@@ -289,9 +299,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                                  (!s->policy || s->n_past < s->sparse_from || s->policy->o.kind == POLICY_FULL ||
                                   s->policy->o.budget >= t1 || policy_layer_dense(&s->policy->o, l));
         if (dense_decode) {
-            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
-            /* a short cache is a few microseconds of work: cheaper than waking the team */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= 64)
+            const int P = decode_parts(t1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
             for (int it = 0; it < G * P; it++) {
                 const int tid = omp_get_thread_num();
                 float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
@@ -305,9 +314,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                             s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
                             s->n_past >= s->sparse_from && group <= 8;
         if (tip_pre) {
-            const int P = t1 >= 4096 ? DECODE_PARTS : t1 >= 1024 ? 4 : t1 >= 128 ? 2 : 1;
-            /* a short cache is a few microseconds of work: cheaper than waking the team */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= 64)
+            const int P = decode_parts(t1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
             for (int it = 0; it < G * P; it++) {
                 const int g = it / P, p = it % P, tid = omp_get_thread_num();
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
@@ -317,47 +325,49 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                     memcpy(s->tip + (size_t)(g * group + h) * s->n_ctx + a, S + (size_t)h * (b - a), sizeof(float) * (b - a));
             }
         }
-        const int halves = n >= 16 ? 2 : 1;
-        /* (the ifs keep a loop with nothing to do from forking the team at all) */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (dense_batch)
-        for (int it = 0; it < (dense_batch ? H * halves : 0); it++) {
-            const int h = it / halves, part = it % halves, tid = omp_get_thread_num();
-            const size_t blk = (size_t)n * s->n_ctx;
-            float *S = s->bscores + (size_t)tid * blk * (s->kv.n_split ? 2 : 1);
-            attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
-        }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (!dense_batch && !dense_decode)
-        for (int ih = 0; ih < (dense_batch || dense_decode ? 0 : n * H); ih++) {
-            const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
-            const float *q = s->q + (size_t)i * qd + h * dh;
-            float *scores = s->scores + (size_t)tid * s->n_ctx;
-            float *out = s->att_out + (size_t)i * qd + h * dh;
-            if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
-            int n_sel = -1;
-            int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
-            if (s->policy && pos >= s->sparse_from) {
-                policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
-                                      tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL };
-                n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
-                                      s->policy->o.budget, idx, &sc);
-                /* TIP's bytes: the block once per KV group when the group scored together */
-                if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, kvcache_esz(&s->kv));
+        if (dense_batch) {
+            const int halves = n >= 16 ? 2 : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            for (int it = 0; it < H * halves; it++) {
+                const int h = it / halves, part = it % halves, tid = omp_get_thread_num();
+                const size_t blk = (size_t)n * s->n_ctx;
+                float *S = s->bscores + (size_t)tid * blk * (s->kv.n_split ? 2 : 1);
+                attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
             }
-            if (s->attend_hook) {
-                char herr[FASA_ERRLEN];
-                if (s->attend_hook(s->attend_ctx, s, l, h, pos, q, n_sel < 0 ? NULL : idx, n_sel < 0 ? pos + 1 : n_sel, out, herr) < 0) {
-#pragma omp critical(fasa_hook_err)
-                    if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
+        } else if (!dense_decode) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+            for (int ih = 0; ih < n * H; ih++) {
+                const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
+                const float *q = s->q + (size_t)i * qd + h * dh;
+                float *scores = s->scores + (size_t)tid * s->n_ctx;
+                float *out = s->att_out + (size_t)i * qd + h * dh;
+                if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
+                int n_sel = -1;
+                int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
+                if (s->policy && pos >= s->sparse_from) {
+                    policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
+                                          tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL };
+                    n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
+                                          s->policy->o.budget, idx, &sc);
+                    /* TIP's bytes: the block once per KV group when the group scored together */
+                    if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, kvcache_esz(&s->kv));
                 }
-                s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
-            } else if (n_sel < 0) {
-                attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
-                s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * kvcache_esz(&s->kv);
-                if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
-            } else {
-                attend(out, q, &s->kv, l, g, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
-                s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
-                if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, n_sel);
+                if (s->attend_hook) {
+                    char herr[FASA_ERRLEN];
+                    if (s->attend_hook(s->attend_ctx, s, l, h, pos, q, n_sel < 0 ? NULL : idx, n_sel < 0 ? pos + 1 : n_sel, out, herr) < 0) {
+#pragma omp critical(fasa_hook_err)
+                        if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
+                    }
+                    s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
+                } else if (n_sel < 0) {
+                    attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
+                    s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * kvcache_esz(&s->kv);
+                    if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, NULL, pos + 1);
+                } else {
+                    attend(out, q, &s->kv, l, g, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
+                    s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
+                    if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, n_sel);
+                }
             }
         }
         if (s->stats) attn_stats_reduce(s->stats, l);
