@@ -173,19 +173,22 @@ void ops_axpy(float *y, float a, const float *x, int n)
 /* Below this many multiply-adds a call stays on one thread. */
 #define MM_PARALLEL_MIN 32768
 
-/* Bytes the decode matvec prefetches ahead of the four rows it is reading, and the locality
- * hint (0: non-temporal). The hardware prefetcher alone left the decode sweep at 9-10 GB/s here;
- * 1536 bytes ahead measured best (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes:
- * 12.8-14.1 / 13.2-14.8 / 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads). */
+/* Bytes the decode matvec prefetches ahead of the four rows it is reading. The hardware
+ * prefetcher alone left the decode sweep at 9-10 GB/s here; 1536 bytes ahead measured best
+ * (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes: 12.8-14.1 / 13.2-14.8 /
+ * 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads). */
 #ifndef MV_AHEAD
 #define MV_AHEAD 1536
-#endif
-#ifndef MV_LOC
-#define MV_LOC 0
 #endif
 
 /* Rows of rb bytes that the streaming attention kernels prefetch ahead: about MV_AHEAD bytes. */
 #define KV_AHEAD_ROWS(rb) ((int)((MV_AHEAD + (rb) - 1) / (rb)))
+
+/* Starts loading the n bytes at p (non-temporal: streamed once). */
+static inline void prefetch_bytes(const void *p, size_t n)
+{
+    for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 0);
+}
 
 #ifdef OPS_AVX2
 /* eight values of a row from column c, widened from f16 by F16C when h16 */
@@ -435,8 +438,9 @@ static float rowdot_f32(const float *w, const float *x, int64_t n)
 }
 
 /* The prefill micro-kernel: y[t * ldy + r] = w[r] . x[t] for r < nr (<= 4; w[nr..3] are
- * repeats; rows of f32, or of f16 when h16, for attention over an f16 KV cache) and t < T (a constant after inlining, so the 4 x T sums stay in registers). Splitting
- * long rows into column chunks that stay in L1 measured slower here. */
+ * repeats; rows of f32, or of f16 when h16, for attention over an f16 KV cache) and t < T (a
+ * constant after inlining, so the 4 x T sums stay in registers). Splitting long rows into column
+ * chunks that stay in L1 measured slower here. */
 static inline __attribute__((always_inline)) void
 tile_4xT(float *y, size_t ldy, const void *const w[4], const float *x, size_t ldx, int64_t cols,
          int nr, const int T, const int h16)
@@ -528,21 +532,21 @@ static void matvec_rows(float *y, const weight *w, const float *x, const float *
     switch (w->type) {
     case GGUF_TYPE_Q4_1:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            for (size_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch(b + MV_AHEAD + o, 0, MV_LOC);
+            prefetch_bytes(b + MV_AHEAD, 4 * rb);
             rowdot4_q4_1(y + r, b, rb, x, xs, nb);
         }
         for (; r < r1; r++, b += rb) y[r] = rowdot_q4_1(b, x, xs, nb);
         return;
     case GGUF_TYPE_Q4_0:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            for (size_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch(b + MV_AHEAD + o, 0, MV_LOC);
+            prefetch_bytes(b + MV_AHEAD, 4 * rb);
             rowdot4_q4_0(y + r, b, rb, x, xs, nb);
         }
         for (; r < r1; r++, b += rb) y[r] = rowdot_q4_0(b, x, xs, nb);
         return;
     case GGUF_TYPE_Q8_0:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            for (size_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch(b + MV_AHEAD + o, 0, MV_LOC);
+            prefetch_bytes(b + MV_AHEAD, 4 * rb);
             rowdot4_q8_0(y + r, b, rb, x, nb);
         }
         for (; r < r1; r++, b += rb) y[r] = rowdot_q8_0(b, x, nb);
@@ -1002,7 +1006,7 @@ scores_multi_fast(float *S, const float *Q, int nq, int ldq, const void *K, int 
         const void *kr[4];
         for (int r = 0; r < 4; r++) kr[r] = kv_row(K, NULL, j + (r < nr ? r : nr - 1), d, h16);
         if (j + 4 + KV_AHEAD_ROWS(rb) < t)   /* the stream ahead (see matvec_rows) */
-            for (size_t o = 0; o < 4 * rb; o += 64) __builtin_prefetch((const char *)kr[0] + KV_AHEAD_ROWS(rb) * rb + o, 0, 0);
+            prefetch_bytes((const char *)kr[0] + KV_AHEAD_ROWS(rb) * rb, 4 * rb);
         int i = 0;
         for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 3, h16);
         if (nq - i == 2) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 2, h16);
@@ -1014,6 +1018,9 @@ scores_multi_fast(float *S, const float *Q, int nq, int ldq, const void *K, int 
     for (; k + 8 <= all; k += 8) _mm256_storeu_ps(S + k, _mm256_mul_ps(vs, _mm256_loadu_ps(S + k)));
     for (; k < all; k++) S[k] *= scale;
 }
+#define scores_multi_any scores_multi_fast
+#else
+#define scores_multi_any scores_multi_plain
 #endif
 
 void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d,
@@ -1024,11 +1031,7 @@ void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const 
 
 void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
 {
-#ifdef OPS_AVX2
-    scores_multi_fast(S, Q, nq, ldq, K, t, d, scale, 0);
-#else
-    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 0);
-#endif
+    scores_multi_any(S, Q, nq, ldq, K, t, d, scale, 0);
 }
 
 void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
@@ -1040,11 +1043,7 @@ void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, co
 void ops_attn_scores_multi_f16(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
                                float scale)
 {
-#ifdef OPS_AVX2
-    scores_multi_fast(S, Q, nq, ldq, K, t, d, scale, 1);
-#else
-    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 1);
-#endif
+    scores_multi_any(S, Q, nq, ldq, K, t, d, scale, 1);
 }
 
 static void accum_multi_plain(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t,
@@ -1158,6 +1157,9 @@ accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, cons
         }
     }
 }
+#define accum_multi_any accum_multi_fast
+#else
+#define accum_multi_any accum_multi_plain
 #endif
 
 void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
@@ -1168,11 +1170,7 @@ void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const i
 
 void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d)
 {
-#ifdef OPS_AVX2
-    accum_multi_fast(O, ldo, P, nq, len, V, t, d, 0);
-#else
-    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 0);
-#endif
+    accum_multi_any(O, ldo, P, nq, len, V, t, d, 0);
 }
 
 void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,
@@ -1184,11 +1182,7 @@ void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, con
 void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V, int t,
                               int d)
 {
-#ifdef OPS_AVX2
-    accum_multi_fast(O, ldo, P, nq, len, V, t, d, 1);
-#else
-    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 1);
-#endif
+    accum_multi_any(O, ldo, P, nq, len, V, t, d, 1);
 }
 
 /* ---- f16 conversion (round to nearest even, as gguf_f32_to_f16) ------------------------------ */
