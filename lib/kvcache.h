@@ -11,14 +11,14 @@
  *
  * Split keys (n_split > 0): dims [0, n_split) of every key, the dominant block, live in their own
  * contiguous (n_ctx, n_split) array per (layer, KV head), and the remaining dims in another, so
- * the token importance predictor streams only the block.
- *
- * Rows are f32 or f16 (kv_opts.f16; what llama.cpp keeps by default): f16 halves the bytes every
- * decode step streams. Readers go through kvcache_scores / kvcache_accum, which pick the kernel
- * for the type; kvcache_k / kvcache_kr / kvcache_v give typed pointers into f32 caches only. FASA-M (cold_dir set) keeps only that
+ * the token importance predictor streams only the block. FASA-M (cold_dir set) keeps only that
  * block in memory: the rest of the keys and all values go to a cold tier, a file mapping under
  * cold_dir (the file is unlinked at once, so nothing is left behind), read only for the rows
  * focused attention chooses.
+ *
+ * Rows are f32 or f16 (kv_opts.f16; what llama.cpp keeps by default): f16 halves the bytes every
+ * decode step streams. Readers go through kvcache_scores / kvcache_accum, which pick the kernel
+ * for the type; kvcache_k / kvcache_kr / kvcache_v give typed pointers into f32 caches only.
  */
 #ifndef FASA_KVCACHE_H
 #define FASA_KVCACHE_H

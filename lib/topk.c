@@ -35,6 +35,15 @@ void topk_select(uint64_t *a, int n, int k)
     }
 }
 
+/* The k-th largest of a[0..n) (1 <= k <= n); a is reordered as by topk_select. */
+static uint64_t kth_largest(uint64_t *a, int n, int k)
+{
+    topk_select(a, n, k);
+    uint64_t v = a[0];
+    for (int j = 1; j < k; j++) v = a[j] < v ? a[j] : v;
+    return v;
+}
+
 int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
 {
     float mn = x[0], mx = x[0];
@@ -83,9 +92,7 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
         if ((b < HBINS ? b : HBINS - 1) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
     }
     const int need = k - above;
-    topk_select(scratch, nb, need);
-    uint64_t thr = scratch[0];
-    for (int j = 1; j < need; j++) thr = scratch[j] < thr ? scratch[j] : thr;
+    const uint64_t thr = kth_largest(scratch, nb, need);
     int m = 0;
     for (int i = 0; i < n; i++) {
         int b = (int)((score[i] - mn) * scale);
@@ -113,10 +120,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     }
     int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
     if (r >= TSAMPLE / 4) return -1;
-    topk_select(smp, TSAMPLE, r);
-    uint64_t g = smp[0];
-    for (int j = 1; j < r; j++) g = smp[j] < g ? smp[j] : g;
-    const int gi = (int)topk_index(g);
+    const int gi = (int)topk_index(kth_largest(smp, TSAMPLE, r));
     const float thr = score[gi];
     if (thr != thr) return -1;
     int m = 0, nan = 0;
@@ -144,9 +148,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     }
     if (nan || m < k) return -1;
     for (int j = 0; j < m; j++) scratch[j] = topk_pack(score[idx[j]], (uint32_t)idx[j]);
-    topk_select(scratch, m, k);
-    uint64_t kth = scratch[0];
-    for (int j = 1; j < k; j++) kth = scratch[j] < kth ? scratch[j] : kth;
+    const uint64_t kth = kth_largest(scratch, m, k);
     int out = 0;   /* the candidates are ascending: keep those at or above the k-th, in order */
     for (int j = 0; j < m; j++)
         if (topk_pack(score[idx[j]], (uint32_t)idx[j]) >= kth) idx[out++] = idx[j];
