@@ -225,7 +225,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         cJSON_AddStringToObject(o, "policy", w->policy);
         cJSON_AddNumberToObject(o, "budget", w->budget);
         cJSON_AddNumberToObject(o, "fcs", w->fcs);
-        cJSON_AddStringToObject(o, "kv_type", w->kv_f16 ? "f16" : "f32");
+        cJSON_AddStringToObject(o, "kv_type", kv_type_name(w->kv_f16));
         cJSON_AddNumberToObject(o, "context", w->depth);
         cJSON_AddNumberToObject(o, "value", w->decode_tok_s);
         cJSON_AddNumberToObject(o, "decode_tok_s", w->decode_tok_s);
@@ -285,7 +285,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         for (int i = 0; i < n_rows; i++) {
             const speed_row *w = &rows[i];
             fprintf(f, "%s,%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f\n", w->policy,
-                    w->kv_f16 ? "f16" : "f32", w->depth,
+                    kv_type_name(w->kv_f16), w->depth,
                     w->budget, w->fcs, w->decode_tok_s, w->attn_ms, w->bytes_per_token, w->gb_s, w->roofline,
                     w->prefill_tok_s, w->kv_resident_mb, w->kv_cold_mb, w->kv_total_mb, w->rss_anon_mb, w->rss_file_mb,
                     w->peak_rss_mb);
@@ -298,7 +298,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
             "512 prefilled tokens tiled to depth)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
-            cfg.kv_f16 ? "f16" : "f32");
+            kv_type_name(cfg.kv_f16));
     status = 0;
 out:
     free(rows);
@@ -347,10 +347,7 @@ int cmd_bench(int argc, char **argv)
         case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'k': kv_cold = optarg; break;
         case 'L': per_layer = 1; break;
-        case 'Y':
-            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
-            kv_f16 = !strcmp(optarg, "f16");
-            break;
+        case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'c': csv = optarg; break;

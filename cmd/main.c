@@ -120,6 +120,16 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
     return 0;
 }
 
+int parse_kv_type(const char *s, int *f16)
+{
+    if (strcmp(s, "f16") && strcmp(s, "f32")) {
+        die("--kv-type '%s' is not one of f16, f32", s);
+        return -1;
+    }
+    *f16 = !strcmp(s, "f16");
+    return 0;
+}
+
 char *read_all(FILE *f, size_t *len)
 {
     size_t cap = 1 << 16, n = 0;

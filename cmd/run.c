@@ -127,9 +127,6 @@ static int read_ids(const char *path, int32_t **out, int n_vocab)
     return n;
 }
 
-/* --device cuda. The kernels (kernels/fasa_cuda.h, fasa_cuda_attend) can take over the decode
- * step's dense and focused attention, but lib/forward.c has no attention hook to call them from
- * yet, so nothing would run on the device: say what was found, and stop rather than pretend. */
 /* --device cuda: a device with fasa's kernels must exist; decode attention then runs on it
  * through the forward pass's attention hook (fasa_cuda_attend mirrors the CPU cache as f16). */
 static int cuda_device_check(void)
@@ -186,17 +183,10 @@ int cmd_run(int argc, char **argv)
         case OPT_ORDER: order_chunks = 1; break;
         case OPT_KV_COLD: kv_cold = optarg; break;
         case OPT_DENSE_LIST:
-            for (char *p = optarg, *end; *p; p = *end ? end + 1 : end) {
-                long l = strtol(p, &end, 10);
-                if (end == p || l < 0 || l > 63 || (*end && *end != ','))
-                    return die_usage("--dense needs layer numbers 0..63 separated by commas, not '%s'", optarg);
-                dense_mask |= 1ull << l;
-            }
+            if (policy_parse_layers(optarg, ',', &dense_mask) < 0)
+                return die_usage("--dense needs layer numbers 0..63 separated by commas, not '%s'", optarg);
             break;
-        case OPT_KV_TYPE:
-            if (strcmp(optarg, "f16") && strcmp(optarg, "f32")) return die_usage("--kv-type '%s' is not one of f16, f32", optarg);
-            kv_f16 = !strcmp(optarg, "f16");
-            break;
+        case OPT_KV_TYPE: if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case OPT_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
             on_cuda = !strcmp(optarg, "cuda");
@@ -454,7 +444,7 @@ int cmd_run(int argc, char **argv)
     double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
             "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s KV | %s\n", t_load, n_prompt, pre_tps, n_steps, dec_tps, gbs,
-            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), s->kv.f16 ? "f16" : "f32", mode_note);
+            m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(), kv_type_name(s->kv.f16), mode_note);
     if (s->kv.cold)
         fprintf(stderr, "fasa: KV cache of %d tokens: %.2f MB resident (dominant key block), %.2f MB in the cold tier, of %.2f MB\n",
                 s->n_past, kvcache_resident_bytes(&s->kv, s->n_past) / 1e6, kvcache_cold_bytes(&s->kv, s->n_past) / 1e6,

@@ -24,6 +24,20 @@ int policy_parse(const char *name, enum policy_kind *out)
     return -1;
 }
 
+int policy_parse_layers(const char *s, char sep, uint64_t *mask)
+{
+    uint64_t m = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (end == p || l < 0 || l > 63 || (*end && *end != sep)) return -1;
+        m |= 1ull << l;
+        p = *end ? end + 1 : end;
+    }
+    *mask |= m;
+    return 0;
+}
+
 policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
 {
     policy_opts o = { .kind = kind, .budget = budget, .fcs = m->cfg.d_head / 8, .n_dense_layers = 1,

@@ -76,6 +76,10 @@ static inline int policy_layer_dense(const policy_opts *o, int l)
     return l < o->n_dense_layers || (l < 64 && (o->dense_mask >> l & 1));
 }
 
+/* Layer numbers 0..63 separated by sep ("20,14" or "20.14") as bits of *mask (ORed in);
+ * -1 on anything else. */
+int policy_parse_layers(const char *s, char sep, uint64_t *mask);
+
 const char *policy_name(enum policy_kind k);
 int  policy_parse(const char *name, enum policy_kind *out);
 policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget);

@@ -22,13 +22,9 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
     if (at) {
-        for (char *p = at + 1, *end; *p; p = *end ? end + 1 : end) {
-            long l = strtol(p, &end, 10);
-            if (end == p || l < 0 || l >= 64 || l >= m->cfg.n_layer || (*end && *end != '.'))
-                return fasa_error(err, FASA_EARG, "policy '%s': @ takes layers 0..%d separated by dots", spec,
-                                  (m->cfg.n_layer < 64 ? m->cfg.n_layer : 64) - 1);
-            mask |= 1ull << l;
-        }
+        if (policy_parse_layers(at + 1, '.', &mask) < 0 || (m->cfg.n_layer < 64 && mask >> m->cfg.n_layer))
+            return fasa_error(err, FASA_EARG, "policy '%s': @ takes layers 0..%d separated by dots", spec,
+                              (m->cfg.n_layer < 64 ? m->cfg.n_layer : 64) - 1);
         *at = 0;
     }
     char *colon = strchr(base, ':');
