@@ -146,14 +146,14 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
             /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
              * streams it (the group's dims for every head of the group) */
             if (o->group) {
-                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)g * group * d, 1, d, 1.0f, S);
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)g * group * d, 1, d, 1.0f, S, t);
                 float *tmp = (float *)sc->sel;
                 for (int h = g * group + 1; h < (g + 1) * group; h++) {
-                    kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)h * d, 1, d, 1.0f, tmp);
+                    kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)h * d, 1, d, 1.0f, tmp, t);
                     for (int i = 0; i < t; i++) S[i] += tmp[i];
                 }
             } else {
-                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S);
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
             }
             break;
         }
@@ -168,10 +168,10 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         }
         break;
     case POLICY_ORACLE:
-        kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S);
+        kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
         if (ns) {
             float *tmp = (float *)sc->sel;
-            kvcache_scores(kv, KV_REST, layer, g, 0, NULL, t, q + ns, 1, d, 1.0f, tmp);
+            kvcache_scores(kv, KV_REST, layer, g, 0, NULL, t, q + ns, 1, d, 1.0f, tmp, t);
             for (int i = 0; i < t; i++) S[i] += tmp[i];
         }
         break;

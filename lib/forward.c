@@ -101,17 +101,23 @@ uint64_t run_state_kv_bytes_read(const run_state *s)
     return b;
 }
 
-/* Rotates one head vector (file layout) by position pos and writes it in canonical layout:
- * pair c = (src[2c], src[2c+1]) of the input, rotated by pos * freq[c]. */
-static void rope_gather(float *out, const float *in, const int16_t *src, const float *freq,
-                        int d_head, int pos)
+/* cs[c], sn[c]: cosine and sine of pos * freq[c], c < d_head / 2 */
+static void rope_angles(float *cs, float *sn, const float *freq, int d_head, int pos)
 {
     for (int c = 0; c < d_head / 2; c++) {
-        float a = in[src[2 * c]], b = in[src[2 * c + 1]];
-        float ang = (float)pos * freq[c];
-        float cs = cosf(ang), sn = sinf(ang);
-        out[2 * c] = a * cs - b * sn;
-        out[2 * c + 1] = a * sn + b * cs;
+        const float ang = (float)pos * freq[c];
+        cs[c] = cosf(ang), sn[c] = sinf(ang);
+    }
+}
+
+/* Rotates one head vector (file layout) and writes it in canonical layout: pair c = (src[2c],
+ * src[2c+1]) of the input, rotated by the angle whose cosine and sine are cs[c], sn[c]. */
+static void rope_gather(float *out, const float *in, const int16_t *src, const float *cs, const float *sn, int d_head)
+{
+    for (int c = 0; c < d_head / 2; c++) {
+        const float a = in[src[2 * c]], b = in[src[2 * c + 1]];
+        out[2 * c] = a * cs[c] - b * sn[c];
+        out[2 * c + 1] = a * sn[c] + b * cs[c];
     }
 }
 
@@ -130,10 +136,10 @@ static void attend(float *out, const float *q, const kvcache *kv, int l, int g, 
 {
     const int d = kv->d_head, s = kv->n_split;
     const float scale = 1.0f / sqrtf((float)d);
-    if (idx && kv->cold) kvcache_prefetch(kv, l, g, idx, n);
-    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores);
+    if (idx) kvcache_prefetch(kv, l, g, idx, n);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores, n);
     if (s) {
-        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + s, 1, d, scale, tmp);
+        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + s, 1, d, scale, tmp, n);
         for (int i = 0; i < n; i++) scores[i] += tmp[i];
     }
     ops_softmax(scores, n);
@@ -151,9 +157,9 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
     const int nq = r1 - r0, t = s->n_past + r1;   /* the last query sees t keys */
     const float scale = 1.0f / sqrtf((float)d);
     const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
-    kvcache_scores(kv, KV_KEYS, l, g, 0, NULL, t, Q, nq, qd, scale, S);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, NULL, t, Q, nq, qd, scale, S, t);
     if (ns) {
-        kvcache_scores(kv, KV_REST, l, g, 0, NULL, t, Q + ns, nq, qd, scale, T);
+        kvcache_scores(kv, KV_REST, l, g, 0, NULL, t, Q + ns, nq, qd, scale, T, t);
         for (size_t i = 0; i < (size_t)nq * t; i++) S[i] += T[i];
     }
     int len[512];
@@ -186,9 +192,9 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
         for (int h = 0; h < grp; h++) part[h * (d + 2)] = -INFINITY, part[h * (d + 2) + 1] = 0;
         return;
     }
-    kvcache_scores(kv, KV_KEYS, l, g, a, NULL, len, Q, grp, d, scale, S);
+    kvcache_scores(kv, KV_KEYS, l, g, a, NULL, len, Q, grp, d, scale, S, len);
     if (ns) {
-        kvcache_scores(kv, KV_REST, l, g, a, NULL, len, Q + ns, grp, d, scale, T);
+        kvcache_scores(kv, KV_REST, l, g, a, NULL, len, Q + ns, grp, d, scale, T, len);
         for (int i = 0; i < grp * len; i++) S[i] += T[i];
     }
     for (int h = 0; h < grp; h++) {
@@ -278,13 +284,13 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             for (int g = 0; g < G; g++) {
                 const size_t tab = (size_t)l * G + g;
                 const int16_t *src = m->rope_src + tab * dh;
-                const float *freq = m->rope_freq + tab * (dh / 2);
-                rope_gather(s->krow, s->k + (size_t)i * kvd + g * dh, src, freq, dh, pos);
+                float cs[512], sn[512];   /* d_head <= 1024 (model_config_check) */
+                rope_angles(cs, sn, m->rope_freq + tab * (dh / 2), dh, pos);
+                rope_gather(s->krow, s->k + (size_t)i * kvd + g * dh, src, cs, sn, dh);
                 kvcache_put_key(&s->kv, l, g, pos, s->krow);
                 kvcache_put_value(&s->kv, l, g, pos, s->v + (size_t)i * kvd + g * dh);
                 for (int h = g * group; h < (g + 1) * group; h++)
-                    rope_gather(s->q + (size_t)i * qd + h * dh, s->att_out + (size_t)i * qd + h * dh,
-                                src, freq, dh, pos);
+                    rope_gather(s->q + (size_t)i * qd + h * dh, s->att_out + (size_t)i * qd + h * dh, src, cs, sn, dh);
             }
         }
 
@@ -317,12 +323,10 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
             for (int it = 0; it < G * P; it++) {
-                const int g = it / P, p = it % P, tid = omp_get_thread_num();
+                const int g = it / P, p = it % P;
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
-                float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
-                kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, s->q + (size_t)g * group * dh, group, dh, 1.0f, S);
-                for (int h = 0; h < group; h++)
-                    memcpy(s->tip + (size_t)(g * group + h) * s->n_ctx + a, S + (size_t)h * (b - a), sizeof(float) * (b - a));
+                kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, s->q + (size_t)g * group * dh, group, dh, 1.0f,
+                               s->tip + (size_t)g * group * s->n_ctx + a, s->n_ctx);
             }
         }
         if (dense_batch) {

@@ -157,19 +157,19 @@ void kvcache_copy_row(kvcache *kv, int from, int to)
 }
 
 void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,
-                    const float *Q, int nq, int ldq, float scale, float *S)
+                    const float *Q, int nq, int ldq, float scale, float *S, int lds)
 {
     const int w = kvcache_width(kv, p);
     const char *M = (const char *)kvcache_rows(kv, p, layer, head) + (size_t)row0 * w * kvcache_esz(kv);
     if (kv->f16) {
         if (nq == 1 || idx) ops_attn_scores_f16(S, Q, (const uint16_t *)M, idx, n, w, scale);
-        else ops_attn_scores_multi_f16(S, Q, nq, ldq, (const uint16_t *)M, n, w, scale);
+        else ops_attn_scores_multi_f16(S, lds, Q, nq, ldq, (const uint16_t *)M, n, w, scale);
     } else if (idx) {
         ops_attn_scores_idx(S, Q, (const float *)M, idx, n, w, scale);
     } else if (nq == 1) {
         ops_attn_scores(S, Q, (const float *)M, n, w, scale);
     } else {
-        ops_attn_scores_multi(S, Q, nq, ldq, (const float *)M, n, w, scale);
+        ops_attn_scores_multi(S, lds, Q, nq, ldq, (const float *)M, n, w, scale);
     }
 }
 

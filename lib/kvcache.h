@@ -77,19 +77,20 @@ static inline float *kvcache_v(const kvcache *kv, int layer, int head) { return 
 
 /* Attention reads, in the cache's type. Rows are idx[0..n) when idx is given (then nq == 1),
  * else row0..row0+n-1.
- *   kvcache_scores: S[i n + j] = scale * dot(Q[i ldq ..], row j of part p), i < nq
+ *   kvcache_scores: S[i lds + j] = scale * dot(Q[i ldq ..], row j of part p), i < nq (lds >= n;
+ *                   one query: lds is not used)
  *   kvcache_accum:  O[i ldo + c] = sum_{j < len_i} P[i n + j] value row j [c], i < nq
  *                   (len NULL: all n rows) */
 void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,
-                    const float *Q, int nq, int ldq, float scale, float *S);
+                    const float *Q, int nq, int ldq, float scale, float *S, int lds);
 void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32_t *idx, int n, const float *P,
                    int nq, const int *len, float *O, int ldo);
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);
 /* Starts loading rows idx[0..n) of the rest of the keys and of the values (software prefetch),
- * so that focused attention's gathers from them (FASA-M's cold tier) overlap with scoring the
- * dominant block. A hint: no effect on results. */
+ * so that focused attention's gathers from them (from memory, or FASA-M's cold tier) overlap
+ * with scoring the dominant block, which TIP has just read. A hint: no effect on results. */
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n);
 /* Stores key row `key` / value row `val` (d_head floats) at position i. */
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key);

@@ -990,16 +990,58 @@ void ops_attn_accum_f16_ref(float *out, const float *p, const uint16_t *V, const
  * row is read once for the group instead of once per head), or all the queries of a prefill
  * batch. Scores reuse the prefill matmul kernel with the keys as the weight rows. */
 
-static void scores_multi_plain(float *S, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
-                               int h16)
+static void scores_multi_plain(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d,
+                               float scale, int h16)
 {
-    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * t, Q + (size_t)i * ldq, K, NULL, t, d, scale, h16);
+    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * lds, Q + (size_t)i * ldq, K, NULL, t, d, scale, h16);
 }
 
 #ifdef OPS_AVX2
+/* Narrow rows (d = 8, 16, 24 or 32: FASA's dominant block, which TIP scans for every cached
+ * token): eight keys at a time, widened once into kb, then per query eight running sums and one
+ * transpose-reduce, so no horizontal sum is paid per key. */
 static inline __attribute__((always_inline)) void
-scores_multi_fast(float *S, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale, const int h16)
+scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, const int d, float scale,
+              const int h16)
 {
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const __m256 vs = _mm256_set1_ps(scale);
+    float kb[8 * 32];
+    int j = 0;
+    for (; j + 8 <= t; j += 8) {
+        const char *k0 = kv_row(K, NULL, j, d, h16);
+        if (j + 8 + KV_AHEAD_ROWS(rb) < t) prefetch_bytes(k0 + KV_AHEAD_ROWS(rb) * rb, 8 * rb);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < d; c += 8) _mm256_storeu_ps(kb + r * d + c, KV_LOAD8(k0 + r * rb, c, h16));
+        for (int i = 0; i < nq; i++) {
+            const float *q = Q + (size_t)i * ldq;
+            __m256 a[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                a[r] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kb + r * d));
+#pragma GCC unroll 4
+                for (int c = 8; c < d; c += 8) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kb + r * d + c), a[r]);
+            }
+            _mm256_storeu_ps(S + (size_t)i * lds + j, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
+        }
+    }
+    for (; j < t; j++)
+        for (int i = 0; i < nq; i++) {
+            const void *k = kv_row(K, NULL, j, d, h16);
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(Q + (size_t)i * ldq), KV_LOAD8(k, 0, h16));
+            for (int c = 8; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + (size_t)i * ldq + c), KV_LOAD8(k, c, h16), a);
+            S[(size_t)i * lds + j] = scale * hsum256(a);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
+                  const int h16)
+{
+    if (d == 16) { scores_narrow(S, lds, Q, nq, ldq, K, t, 16, scale, h16); return; }
+    if (d % 8 == 0 && d <= 32) { scores_narrow(S, lds, Q, nq, ldq, K, t, d, scale, h16); return; }
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
     for (int j = 0; j < t; j += 4) {
         const int nr = t - j < 4 ? t - j : 4;
@@ -1008,42 +1050,44 @@ scores_multi_fast(float *S, const float *Q, int nq, int ldq, const void *K, int 
         if (j + 4 + KV_AHEAD_ROWS(rb) < t)   /* the stream ahead (see matvec_rows) */
             prefetch_bytes((const char *)kr[0] + KV_AHEAD_ROWS(rb) * rb, 4 * rb);
         int i = 0;
-        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 3, h16);
-        if (nq - i == 2) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 2, h16);
-        else if (nq - i == 1) tile_4xT(S + (size_t)i * t + j, t, kr, Q + (size_t)i * ldq, ldq, d, nr, 1, h16);
+        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 3, h16);
+        if (nq - i == 2) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 2, h16);
+        else if (nq - i == 1) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 1, h16);
     }
     const __m256 vs = _mm256_set1_ps(scale);
-    const size_t all = (size_t)nq * t;
-    size_t k = 0;
-    for (; k + 8 <= all; k += 8) _mm256_storeu_ps(S + k, _mm256_mul_ps(vs, _mm256_loadu_ps(S + k)));
-    for (; k < all; k++) S[k] *= scale;
+    for (int i = 0; i < nq; i++) {
+        float *row = S + (size_t)i * lds;
+        int k = 0;
+        for (; k + 8 <= t; k += 8) _mm256_storeu_ps(row + k, _mm256_mul_ps(vs, _mm256_loadu_ps(row + k)));
+        for (; k < t; k++) row[k] *= scale;
+    }
 }
 #define scores_multi_any scores_multi_fast
 #else
 #define scores_multi_any scores_multi_plain
 #endif
 
-void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d,
+void ops_attn_scores_multi_ref(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
                                float scale)
 {
-    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 0);
+    scores_multi_plain(S, lds, Q, nq, ldq, K, t, d, scale, 0);
 }
 
-void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
+void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
 {
-    scores_multi_any(S, Q, nq, ldq, K, t, d, scale, 0);
+    scores_multi_any(S, lds, Q, nq, ldq, K, t, d, scale, 0);
 }
 
-void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
-                                   float scale)
+void ops_attn_scores_multi_f16_ref(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t,
+                                   int d, float scale)
 {
-    scores_multi_plain(S, Q, nq, ldq, K, t, d, scale, 1);
+    scores_multi_plain(S, lds, Q, nq, ldq, K, t, d, scale, 1);
 }
 
-void ops_attn_scores_multi_f16(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+void ops_attn_scores_multi_f16(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
                                float scale)
 {
-    scores_multi_any(S, Q, nq, ldq, K, t, d, scale, 1);
+    scores_multi_any(S, lds, Q, nq, ldq, K, t, d, scale, 1);
 }
 
 static void accum_multi_plain(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t,

@@ -71,9 +71,10 @@ void ops_attn_accum_idx(float *out, const float *p, const float *V, const int32_
 void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const int32_t *idx, int n, int d);
 /* Several queries against the same keys and values, each row read once for all of them: the
  * heads of a GQA group in decode, or all queries of one KV head in a prefill batch.
- * S[i*t + j] = scale * dot(Q[i*ldq ..], K[j]) for i < nq, j < t */
-void ops_attn_scores_multi(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
-void ops_attn_scores_multi_ref(float *S, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
+ * S[i*lds + j] = scale * dot(Q[i*ldq ..], K[j]) for i < nq, j < t (lds >= t) */
+void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
+void ops_attn_scores_multi_ref(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                               float scale);
 /* O[i*ldo + c] = sum_{j < len[i]} P[i*t + j] V[j][c] for i < nq (overwrites; len NULL: all t rows;
  * weights beyond len[i] are not read, so a causal prefill passes each query's position + 1) */
 void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d);
@@ -87,10 +88,10 @@ void ops_attn_scores_f16_ref(float *s, const float *q, const uint16_t *K, const 
                              float scale);
 void ops_attn_accum_f16(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d);
 void ops_attn_accum_f16_ref(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d);
-void ops_attn_scores_multi_f16(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+void ops_attn_scores_multi_f16(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
                                float scale);
-void ops_attn_scores_multi_f16_ref(float *S, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
-                                   float scale);
+void ops_attn_scores_multi_f16_ref(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t,
+                                   int d, float scale);
 void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V, int t,
                               int d);
 void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,

@@ -273,7 +273,7 @@ Test(ops, attn_multi)
 {
     const int nq_list[] = { 1, 2, 3, 4, 5, 7, 9, 12 };
     const int t_list[] = { 1, 3, 4, 5, 9, 64, 130 };
-    const int d_list[] = { 64, 24, 13 };
+    const int d_list[] = { 64, 24, 16, 32, 13 };
     for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
         for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list; qi++)
             for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
@@ -287,8 +287,8 @@ Test(ops, attn_multi)
                 for (int i = 0; i < nq * ldq; i++) Q[i] = frand(&r) * 2;
                 for (int i = 0; i < t * d; i++) K[i] = frand(&r) * 3, V[i] = frand(&r);
                 const float scale = 1 / sqrtf((float)d);
-                ops_attn_scores_multi(S, Q, nq, ldq, K, t, d, scale);
-                ops_attn_scores_multi_ref(Sr, Q, nq, ldq, K, t, d, scale);
+                ops_attn_scores_multi(S, t, Q, nq, ldq, K, t, d, scale);
+                ops_attn_scores_multi_ref(Sr, t, Q, nq, ldq, K, t, d, scale);
                 for (int i = 0; i < nq; i++)
                     for (int j = 0; j < t; j++) {
                         double mag = 0;
@@ -341,7 +341,7 @@ static float *widen(const uint16_t *h, int n)
 
 Test(ops, attn_f16_match_scalar)
 {
-    const int d_list[] = { 64, 24, 128, 8, 13 };
+    const int d_list[] = { 64, 24, 128, 8, 16, 32, 13 };
     const int t_list[] = { 0, 1, 4, 7, 9, 100, 1000 };
     const int nq_list[] = { 1, 3, 4, 5 };
     for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
@@ -352,8 +352,8 @@ Test(ops, attn_f16_match_scalar)
             for (int i = 0; i < t * d; i++) Kf[i] = frand(&r) * 3, Vf[i] = frand(&r);
             uint16_t *K = to_f16(Kf, t * d), *V = to_f16(Vf, t * d);
             float *Kw = widen(K, t * d), *Vw = widen(V, t * d);
-            float *Q = malloc(sizeof(float) * 5 * ldq), *S = malloc(sizeof(float) * (5 * t + 1));
-            float *Sr = malloc(sizeof(float) * (5 * t + 1)), *Sw = malloc(sizeof(float) * (5 * t + 1));
+            float *Q = malloc(sizeof(float) * 5 * ldq), *S = malloc(sizeof(float) * (5 * (t + 2) + 1));
+            float *Sr = malloc(sizeof(float) * (5 * (t + 2) + 1)), *Sw = malloc(sizeof(float) * (5 * t + 1));
             float *O = malloc(sizeof(float) * 5 * ldo), *Or = malloc(sizeof(float) * 5 * ldo), *Ow = malloc(sizeof(float) * 5 * ldo);
             int32_t *idx = malloc(sizeof(int32_t) * (t + 1));
             int len[5];
@@ -388,16 +388,21 @@ Test(ops, attn_f16_match_scalar)
                 }
             }
             for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list && t > 0; qi++) {
-                const int nq = nq_list[qi];
-                ops_attn_scores_multi_f16(S, Q, nq, ldq, K, t, d, scale);
-                ops_attn_scores_multi_f16_ref(Sr, Q, nq, ldq, K, t, d, scale);
-                for (int i = 0; i < nq; i++)
+                const int nq = nq_list[qi], lds = t + 2;   /* rows apart by more than t: TIP's layout */
+                for (int k = 0; k < nq * lds; k++) S[k] = 12345.0f;
+                ops_attn_scores_multi_f16(S, lds, Q, nq, ldq, K, t, d, scale);
+                ops_attn_scores_multi_f16_ref(Sr, lds, Q, nq, ldq, K, t, d, scale);
+                for (int i = 0; i < nq; i++) {
                     for (int j = 0; j < t; j++) {
                         double mag = 0;
                         for (int c = 0; c < d; c++) mag += fabs(Q[i * ldq + c] * Kw[(size_t)j * d + c]);
-                        cr_expect(fabs(S[i * t + j] - Sr[i * t + j]) <= 1e-6 * scale * mag + 1e-30,
-                                  "scores_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, j, S[i * t + j], Sr[i * t + j]);
+                        cr_expect(fabs(S[i * lds + j] - Sr[i * lds + j]) <= 1e-6 * scale * mag + 1e-30,
+                                  "scores_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, j,
+                                  S[i * lds + j], Sr[i * lds + j]);
                     }
+                    cr_expect(S[i * lds + t] == 12345.0f && S[i * lds + t + 1] == 12345.0f,
+                              "scores_multi_f16 d=%d nq=%d t=%d wrote between rows %d and %d", d, nq, t, i, i + 1);
+                }
                 for (int i = 0; i < nq; i++) {
                     len[i] = 1 + (i * 5 + t / 2) % t;
                     for (int j = 0; j < t; j++) S[i * t + j] = j < len[i] ? fabsf(frand(&r)) : NAN;

@@ -229,7 +229,7 @@ int main(int argc, char **argv)
                 th[r] = (now() - t0) / inner;
                 t0 = now();
                 for (int k = 0; k < inner; k++) {
-                    ops_attn_scores_multi(S, Q, nq, d, K, t, d, 0.125f);
+                    ops_attn_scores_multi(S, t, Q, nq, d, K, t, d, 0.125f);
                     for (int i = 0; i < nq; i++) ops_softmax(S + (size_t)i * t, len[i]);
                     ops_attn_accum_multi(O, d, S, nq, len, V, t, d);
                 }
