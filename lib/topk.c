@@ -35,34 +35,13 @@ void topk_select(uint64_t *a, int n, int k)
     }
 }
 
-/* The k-th largest of a[0..n) (1 <= k <= n; a is overwritten). A radix select: eight bits at a
- * time from the highest bit where the keys differ, keeping only the bucket that holds the k-th,
- * until a few keys are left for an insertion sort. Two or three passes over a few hundred keys,
- * and no data-dependent branches in them (a quickselect mispredicts about every other compare). */
+/* The k-th largest of a[0..n) (1 <= k <= n); a is reordered as by topk_select. */
 static uint64_t kth_largest(uint64_t *a, int n, int k)
 {
-    while (n > 16) {
-        uint64_t diff = 0;
-        for (int i = 1; i < n; i++) diff |= a[i] ^ a[0];
-        if (!diff) return a[0];
-        const int top = 63 - __builtin_clzll(diff), sh = top >= 7 ? top - 7 : 0;
-        uint32_t cnt[256] = { 0 };
-        for (int i = 0; i < n; i++) cnt[(a[i] >> sh) & 255]++;
-        int b = 255, above = 0;
-        while (above + (int)cnt[b] < k) above += cnt[b--];
-        int m = 0;
-        for (int i = 0; i < n; i++) {
-            a[m] = a[i];
-            m += (int)((a[i] >> sh) & 255) == b;
-        }
-        n = m, k -= above;
-    }
-    for (int i = 1; i < n; i++)   /* descending */
-        for (int j = i; j > 0 && a[j] > a[j - 1]; j--) {
-            const uint64_t t = a[j];
-            a[j] = a[j - 1], a[j - 1] = t;
-        }
-    return a[k - 1];
+    topk_select(a, n, k);
+    uint64_t v = a[0];
+    for (int j = 1; j < k; j++) v = a[j] < v ? a[j] : v;
+    return v;
 }
 
 int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
@@ -136,8 +115,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     for (int j = 0; j < TSAMPLE; j++) {   /* one position in each of 256 equal strata, jittered by a
                                            * hash so that periodic scores are not sampled in phase */
         const int64_t lo = (int64_t)j * n / TSAMPLE, hi = (int64_t)(j + 1) * n / TSAMPLE;
-        const uint32_t h = (uint32_t)(j + 1) * 2654435761u >> 8;   /* 24 bits, scaled to the stratum */
-        const int i = (int)(lo + (int64_t)(((uint64_t)h * (uint64_t)(hi - lo)) >> 24));
+        const int i = (int)(lo + ((uint32_t)(j + 1) * 2654435761u >> 8) % (uint32_t)(hi - lo));
         smp[j] = topk_pack(score[i], (uint32_t)i);
     }
     int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
