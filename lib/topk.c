@@ -44,6 +44,55 @@ static uint64_t kth_largest(uint64_t *a, int n, int k)
     return v;
 }
 
+/* A float's bits as an int32 that orders as the floats do (not NaN; -0 below +0, as topk_pack). */
+static inline int32_t fkey(float x)
+{
+    int32_t u;
+    memcpy(&u, &x, 4);
+    return u >= 0 ? u : u ^ 0x7FFFFFFF;
+}
+
+static inline float fkey_value(int32_t u)
+{
+    u = u >= 0 ? u : u ^ 0x7FFFFFFF;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* How many of v[0..n) are >= t. */
+static int count_ge(const int32_t *v, int n, int32_t t)
+{
+    int c = 0, i = 0;
+#ifdef __AVX2__
+    const __m256i vt = _mm256_set1_epi32(t);
+    __m256i below = _mm256_setzero_si256();   /* minus the count of v < t, per lane */
+    for (; i + 8 <= n; i += 8) below = _mm256_add_epi32(below, _mm256_cmpgt_epi32(vt, _mm256_loadu_si256((const __m256i *)(v + i))));
+    int32_t l[8];
+    _mm256_storeu_si256((__m256i *)l, below);
+    c = i;
+    for (int j = 0; j < 8; j++) c += l[j];
+#endif
+    for (; i < n; i++) c += v[i] >= t;
+    return c;
+}
+
+/* The k-th largest of v[0..n) (1 <= k <= n): a bisection on the value, each step one vector
+ * count, at most 32 steps and no data-dependent branches (a quickselect over a few hundred keys
+ * mispredicts about every other compare). */
+static int32_t kth_key(const int32_t *v, int n, int k)
+{
+    int32_t mn = v[0], mx = v[0];
+    for (int i = 1; i < n; i++) mn = v[i] < mn ? v[i] : mn, mx = v[i] > mx ? v[i] : mx;
+    int64_t lo = mn, hi = mx;   /* count_ge(lo) >= k throughout */
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (count_ge(v, n, (int32_t)mid) >= k) lo = mid;
+        else hi = mid - 1;
+    }
+    return (int32_t)lo;
+}
+
 int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
 {
     float mn = x[0], mx = x[0];
@@ -111,18 +160,18 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
 #define TSAMPLE 256
 static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
-    uint64_t smp[TSAMPLE];
+    int32_t smp[TSAMPLE];
     for (int j = 0; j < TSAMPLE; j++) {   /* one position in each of 256 equal strata, jittered by a
                                            * hash so that periodic scores are not sampled in phase */
         const int64_t lo = (int64_t)j * n / TSAMPLE, hi = (int64_t)(j + 1) * n / TSAMPLE;
-        const int i = (int)(lo + ((uint32_t)(j + 1) * 2654435761u >> 8) % (uint32_t)(hi - lo));
-        smp[j] = topk_pack(score[i], (uint32_t)i);
+        const uint32_t h = (uint32_t)(j + 1) * 2654435761u >> 8;   /* 24 bits, scaled to the stratum */
+        const float x = score[lo + (int64_t)(((uint64_t)h * (uint64_t)(hi - lo)) >> 24)];
+        if (x != x) return -1;
+        smp[j] = fkey(x);
     }
     int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
     if (r >= TSAMPLE / 4) return -1;
-    const int gi = (int)topk_index(kth_largest(smp, TSAMPLE, r));
-    const float thr = score[gi];
-    if (thr != thr) return -1;
+    const float thr = fkey_value(kth_key(smp, TSAMPLE, r));
     int m = 0, nan = 0;
     const int cap = n / 4;
     int i = 0;
@@ -147,11 +196,14 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
         }
     }
     if (nan || m < k) return -1;
-    for (int j = 0; j < m; j++) scratch[j] = topk_pack(score[idx[j]], (uint32_t)idx[j]);
-    const uint64_t kth = kth_largest(scratch, m, k);
-    int out = 0;   /* the candidates are ascending: keep those at or above the k-th, in order */
+    int32_t *key = (int32_t *)scratch;
+    for (int j = 0; j < m; j++) key[j] = fkey(score[idx[j]]);
+    const int32_t kth = kth_key(key, m, k);
+    /* the candidates are ascending: keep those above the k-th and, of those equal to it, the
+     * first ones (ties go to the lower index, as topk_pack orders them) */
+    int ties = k - (kth == INT32_MAX ? 0 : count_ge(key, m, kth + 1)), out = 0;
     for (int j = 0; j < m; j++)
-        if (topk_pack(score[idx[j]], (uint32_t)idx[j]) >= kth) idx[out++] = idx[j];
+        if (key[j] > kth || (key[j] == kth && ties-- > 0)) idx[out++] = idx[j];
     return out;
 }
 

@@ -321,7 +321,8 @@ static int key_desc(const void *a, const void *b)
 
 /* topk_indices (sampled threshold, histogram select, quickselect fallback) against a full sort:
  * smooth scores, heavy ties, a huge outlier that squeezes everything else into one bin, periodic
- * scores (every value many times over), a NaN, and scores rising with the index. */
+ * scores (every value many times over), a NaN, scores rising with the index, and signed zeros
+ * (-0 ranks below +0) among a few larger values. */
 Test(calibrate, topk_indices_match_full_sort)
 {
     uint64_t r = 77;
@@ -329,7 +330,7 @@ Test(calibrate, topk_indices_match_full_sort)
         float *s = malloc(sizeof(float) * n);
         int32_t *idx = malloc(sizeof(int32_t) * n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
-        for (int kind = 0; kind < 6; kind++) {
+        for (int kind = 0; kind < 7; kind++) {
             for (int i = 0; i < n; i++)
                 s[i] = kind == 1 ? (float)(int)(sampler_rand(&r) * 50) : sampler_rand(&r) * 8 - 4;
             if (kind == 2) s[n / 2] = 1e30f;
@@ -338,6 +339,8 @@ Test(calibrate, topk_indices_match_full_sort)
             if (kind == 4) s[n / 3] = NAN;
             if (kind == 5)
                 for (int i = 0; i < n; i++) s[i] = (float)i * 1e-3f;
+            if (kind == 6)
+                for (int i = 0; i < n; i++) s[i] = i % 97 == 0 ? (float)(i % 7) : sampler_rand(&r) < 0.5 ? -0.0f : 0.0f;
             for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
             qsort(all, n, sizeof *all, key_desc);
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
