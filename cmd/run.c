@@ -33,6 +33,9 @@ static const char usage_text[] =
     "      --dense LIST      fasa: these layers attend densely too, e.g. 20,14 (the layers\n"
     "                        'fasa bench --task ca --per-layer' shows losing attention mass on\n"
     "                        the calibration text)\n"
+    "      --sinks N         fasa: the first N tokens are always attended (default 4)\n"
+    "      --recent N        fasa: so are the last N (default: half the budget); the budget\n"
+    "                        includes both. Chosen on the calibration text: README, Accuracy\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
     "      --per-head        fasa-c: each head scores its own top F chunks, gathered from whole\n"
     "                        key rows (default: its KV group's top F chunks, which the cache keeps\n"
@@ -66,7 +69,8 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST };
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST,
+       OPT_SINKS, OPT_RECENT };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -83,7 +87,8 @@ static const struct option long_opts[] = {
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
     { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
-    { "dense", required_argument, 0, OPT_DENSE_LIST },
+    { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
+    { "recent", required_argument, 0, OPT_RECENT },
     { 0, 0, 0, 0 },
 };
 
@@ -156,7 +161,7 @@ int cmd_run(int argc, char **argv)
 {
     const char *model_path = NULL, *prompt = NULL, *system = NULL, *ids_path = NULL, *dump = NULL;
     const char *mode = NULL, *prof_path = NULL;
-    long budget = 256, fcs = 0, dense_layers = 1;
+    long budget = 256, fcs = 0, dense_layers = 1, sinks = -1, recent = -1;
     int group = 0, on_cuda = 0, per_head = 0, order_chunks = 0;
     cuda_hook hook = { 0 };
     const char *kv_cold = NULL;
@@ -179,6 +184,8 @@ int cmd_run(int argc, char **argv)
         case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case OPT_DENSE: if (parse_int("--dense-layers", optarg, 0, 1024, &dense_layers)) return EXIT_USAGE; break;
         case OPT_GROUP: group = 1; break;
+        case OPT_SINKS: if (parse_int("--sinks", optarg, 0, 1 << 24, &sinks)) return EXIT_USAGE; break;
+        case OPT_RECENT: if (parse_int("--recent", optarg, 0, 1 << 24, &recent)) return EXIT_USAGE; break;
         case OPT_PER_HEAD: per_head = 1; break;
         case OPT_ORDER: order_chunks = 1; break;
         case OPT_KV_COLD: kv_cold = optarg; break;
@@ -274,6 +281,8 @@ int cmd_run(int argc, char **argv)
             goto out;
         }
         po.group = group;
+        if (sinks >= 0) po.n_sink = (int)sinks;
+        if (recent >= 0) po.n_recent = (int)recent;
         /* Split keys: the group's top F chunks first in every key, stored as their own block. */
         const int fasa_m = mode && !strcmp(mode, "fasa-m");
         if (!per_head && prof.chunks == CHUNKS_PLANE && po.fcs >= 1 && 2 * po.fcs < cfg->d_head) {
@@ -302,8 +311,10 @@ int cmd_run(int argc, char **argv)
             if (dense_mask >> l & 1)
                 snprintf(dense_note + strlen(dense_note), sizeof dense_note - strlen(dense_note), "%s%d",
                          *dense_note ? "," : " + layers ", l);
-        snprintf(mode_note, sizeof mode_note, "%s (profile '%s', budget %ld, F %d of %d chunks, %ld dense layer%s%s%s%s)",
-                 fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.fcs, cfg->d_head / 2, dense_layers,
+        snprintf(mode_note, sizeof mode_note,
+                 "%s (profile '%s', budget %ld with %d sink%s and %d recent, F %d of %d chunks, %ld dense layer%s%s%s%s)",
+                 fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.n_sink, po.n_sink == 1 ? "" : "s",
+                 po.n_recent < 0 ? (int)budget / 2 : po.n_recent, po.fcs, cfg->d_head / 2, dense_layers,
                  dense_layers == 1 ? "" : "s", dense_note, group ? ", per-KV-head selection" : "",
                  kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
     } else if (order_chunks) {

@@ -43,6 +43,7 @@ policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
     policy_opts o = { .kind = kind, .budget = budget, .fcs = m->cfg.d_head / 8, .n_dense_layers = 1,
                       .window = 32, .page = 16, .seed = 1 };
     if (kind == POLICY_STREAM) o.n_sink = 4;
+    if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = -1;
     return o;
 }
 
@@ -217,12 +218,22 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     default:
         return -1;
     }
-    /* forced tokens (attention sinks, a recent window) */
+    /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
+     * rest is selected from the tokens between them, and the indices stay ascending */
+    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    const int lo = o->n_sink < t ? o->n_sink : t, hi = t - recent > lo ? t - recent : lo;
+    if (o->kind != POLICY_STREAM && lo + (t - hi) < budget) {
+        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
+        for (int i = 0; i < lo; i++) idx[i] = i;
+        for (int j = lo; j < lo + m; j++) idx[j] += lo;
+        for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
+        return lo + m + (t - hi);
+    }
     for (int i = 0; i < o->n_sink && i < t; i++) S[i] = forced_sink(i);
     if (o->kind == POLICY_STREAM) {
         for (int i = 0; i < t; i++) S[i] = i < o->n_sink ? forced_sink(i) : (float)i;
     } else {
-        for (int i = t - o->n_recent; i < t; i++)
+        for (int i = t - recent; i < t; i++)
             if (i >= 0) S[i] = forced(i);
     }
     return topk_indices(S, t, budget, idx, sc->sel);

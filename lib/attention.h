@@ -33,7 +33,9 @@ typedef struct policy_opts {
     int fcs;                 /* F: dominant chunks (fasa, random) */
     int n_dense_layers;      /* layers 0..n-1 always attend densely */
     uint64_t dense_mask;     /* and so does layer l < 64 whose bit l is set */
-    int n_sink, n_recent;    /* tokens always kept (fasa: 0, 0; stream: sink 4, recent N - 4) */
+    int n_sink, n_recent;    /* tokens always kept, within the budget: the first n_sink and the
+                              * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
+                              * calibration text, README); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
     int block;               /* fasa: every head scores its group's top F chunks (the dims split
                               * keys keep contiguous), selecting per head */

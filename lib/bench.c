@@ -18,7 +18,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", spec);
     const int nc = m->cfg.d_head / 2;
-    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1;
+    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
     if (at) {
@@ -43,6 +43,12 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
+        else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
+            char *end;
+            const long v = strtol(dash + 2, &end, 10);
+            if (*end || v > 1 << 20) return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
+            *(dash[1] == 's' ? &sink : &recent) = (int)v;
+        }
         else return fasa_error(err, FASA_EARG, "unknown policy variant '%s' in '%s'", dash, spec);
         *dash = 0;
     }
@@ -55,6 +61,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.block = block;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
+    if (sink >= 0) out->o.n_sink = sink;
+    if (recent >= 0) out->o.n_recent = recent;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
     return 0;

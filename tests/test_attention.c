@@ -226,17 +226,22 @@ Test(attention, fasa_with_budget_over_context_equals_full_exactly)
     env_close(&e);
 }
 
-/* With every chunk dominant, TIP's score is the full dot product: fasa picks the oracle's set. */
+/* With every chunk dominant, TIP's score is the full dot product: fasa without forced tokens
+ * picks the oracle's set; with its default sinks (4) and recent window (half the budget), those
+ * and the oracle's best of the tokens between them. */
 Test(attention, tip_with_all_chunks_is_the_oracle)
 {
     env e;
     env_open(&e, 41);
     char err[FASA_ERRLEN];
-    policy fa, orc;
+    policy fa, orc, fd;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 20);
     o.prof = &e.p;
     o.fcs = e.m->cfg.d_head / 2;
     o.n_dense_layers = 0;
+    cr_assert_eq(o.n_sink, 4);
+    cr_assert_eq(policy_init(&fd, e.m, &o, err), 0, "%s", err);
+    o.n_sink = o.n_recent = 0;
     cr_assert_eq(policy_init(&fa, e.m, &o, err), 0, "%s", err);
     policy_opts oo = policy_defaults(POLICY_ORACLE, e.m, 20);
     oo.n_dense_layers = 0;
@@ -245,9 +250,9 @@ Test(attention, tip_with_all_chunks_is_the_oracle)
     for (int i = 0; i < 192; i += 64) cr_assert_eq(model_forward(e.m, s, e.ids + i, 64, 0, err), 0);
     float *S = malloc(sizeof(float) * 200);
     uint64_t *K = malloc(sizeof(uint64_t) * 200);
-    int32_t a[200], b[200];
+    int32_t a[200], b[200], c[200];
     policy_scratch sc = { S, K, NULL };
-    int same = 0, total = 0;
+    int same = 0, total = 0, mid_same = 0, mid_total = 0;
     for (int l = 0; l < e.m->cfg.n_layer; l++)
         for (int h = 0; h < e.m->cfg.n_head; h++) {
             /* the last token's queries are still in s->q */
@@ -258,11 +263,29 @@ Test(attention, tip_with_all_chunks_is_the_oracle)
             cr_assert_eq(nb, 20);
             for (int j = 0; j < 20; j++) same += a[j] == b[j];
             total += 20;
+            /* defaults: tokens 0..3, then the best 6 of 4..181 by the oracle's scores, then 182..191 */
+            const int nc = policy_select(&fd, s, NULL, l, h, 191, q_tok, 20, c, &sc);
+            cr_assert_eq(nc, 20);
+            float full[192];
+            policy_select(&orc, s, NULL, l, h, 191, q_tok, 20, b, &sc);
+            memcpy(full, S, sizeof full);   /* the oracle's scores of every token */
+            for (int j = 0; j < 4; j++) cr_assert_eq(c[j], j, "sink %d", j);
+            for (int j = 10; j < 20; j++) cr_assert_eq(c[j], 182 + j - 10, "recent token %d", 182 + j - 10);
+            for (int j = 4; j < 10; j++) {
+                cr_assert(c[j] >= 4 && c[j] < 182 && c[j] > c[j - 1]);
+                int better = 0;   /* tokens between the forced ones that score above this pick */
+                for (int i = 4; i < 182; i++) better += full[i] > full[c[j]];
+                mid_same += better < 6;
+                mid_total++;
+            }
         }
     /* float summation order differs (chunk by chunk vs SIMD), so near-ties may swap */
     cr_expect_geq(same, total * 95 / 100, "%d of %d selections agree", same, total);
+    cr_expect_geq(mid_same, mid_total * 95 / 100, "%d of %d picks between the forced tokens are the oracle's", mid_same,
+                  mid_total);
     free(S); free(K);
     run_state_free(s);
+    policy_free(&fd);
     policy_free(&fa);
     policy_free(&orc);
     env_close(&e);
