@@ -454,12 +454,14 @@ int cmd_bench(int argc, char **argv)
     } else if (!strcmp(task, "ca")) {
         /* rows: (layer -1, then each) x (ca, mass) x policy x K */
         const int per = cfg.n_policy * cfg.n_k;
+        int w = 14;   /* the widest policy name */
+        for (int p = 0; p < cfg.n_policy; p++) w = (int)strlen(cfg.policies[p].name) > w ? (int)strlen(cfg.policies[p].name) : w;
         for (int what = 0; what < 2; what++) {
-            printf("%s%-14s", what ? "\nattention mass held, %\n" : "compound CA, %\n", "method \\ K");
+            printf("%s%-*s", what ? "\nattention mass held, %\n" : "compound CA, %\n", w, "method \\ K");
             for (int b = 0; b < cfg.n_k; b++) printf(" %7d", cfg.ks[b]);
             printf("\n");
             for (int p = 0; p < cfg.n_policy; p++) {
-                printf("%-14s", cfg.policies[p].name);
+                printf("%-*s", w, cfg.policies[p].name);
                 for (int b = 0; b < cfg.n_k; b++) printf(" %7.1f", 100 * rows[what * per + p * cfg.n_k + b].value);
                 printf("\n");
             }
@@ -476,11 +478,13 @@ int cmd_bench(int argc, char **argv)
                 }
             }
     } else {
-        printf("%-8s %-14s %8s %8s %6s %10s\n", "task", "policy", "budget", "context", "depth", "value");
+        int w = 14;   /* the widest policy name */
+        for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;
+        printf("%-8s %-*s %8s %8s %6s %10s\n", "task", w, "policy", "budget", "context", "depth", "value");
         for (int i = 0; i < n_rows; i++) {
             char depth[16] = "-";
             if (rows[i].depth >= 0) snprintf(depth, sizeof depth, "%.2f", rows[i].depth);
-            printf("%-8s %-14s %8d %8d %6s %10.4f\n", rows[i].task, rows[i].policy, rows[i].budget,
+            printf("%-8s %-*s %8d %8d %6s %10.4f\n", rows[i].task, w, rows[i].policy, rows[i].budget,
                    rows[i].context, depth, rows[i].value);
         }
     }

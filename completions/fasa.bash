@@ -72,10 +72,10 @@ _fasa()
     local opts argopts
     case $cmd in
     run)
-        opts="--model --mode --profile --budget --fcs --dense-layers --group --n-predict --temp
+        opts="--model --mode --profile --budget --fcs --dense-layers --sinks --recent --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
               --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --dense --help"
-        argopts="-m --model --mode -p --profile --budget --fcs --dense-layers -n --n-predict --temp --top-k
+        argopts="-m --model --mode -p --profile --budget --fcs --dense-layers --sinks --recent -n --n-predict --temp --top-k
                  --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type --dense"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
@@ -85,7 +85,7 @@ _fasa()
         --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --ids|--dump-logits) _fasa_files "$cur"; return 0 ;;
-        --budget|--fcs|--dense-layers|--dense|-n|--n-predict|--temp|--top-k|--top-p|--seed|--system|--ctx|-t|--threads)
+        --budget|--fcs|--dense-layers|--sinks|--recent|--dense|-n|--n-predict|--temp|--top-k|--top-p|--seed|--system|--ctx|-t|--threads)
             return 0 ;;
         esac
         ;;

@@ -248,7 +248,6 @@ static uint64_t select_bytes(const policy *p, int t, int d, size_t esz)
     }
 }
 
-double g_tip, g_rest, g_sel[64], g_pre;
 int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
                   char *err)
 {
@@ -320,7 +319,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         const int tip_pre = !s->attend_hook && n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
                             s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
                             s->n_past >= s->sparse_from && group <= 8;
-        double tq0 = fasa_now(); g_pre += tq0 - t_attn0;
         if (tip_pre) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
@@ -331,7 +329,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                                s->tip + (size_t)g * group * s->n_ctx + a, s->n_ctx);
             }
         }
-        g_tip += fasa_now() - tq0; tq0 = fasa_now();
         if (dense_batch) {
             const int halves = n >= 16 ? 2 : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
@@ -354,10 +351,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 if (s->policy && pos >= s->sparse_from) {
                     policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
                                           tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL };
-                    double ts0 = fasa_now();
                     n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                           s->policy->o.budget, idx, &sc);
-                    g_sel[8*tid] += fasa_now() - ts0;
                     /* TIP's bytes: the block once per KV group when the group scored together */
                     if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, kvcache_esz(&s->kv));
                 }
@@ -379,7 +374,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 }
             }
         }
-        g_rest += fasa_now() - tq0;
         if (s->stats) attn_stats_reduce(s->stats, l);
         s->t_attn += fasa_now() - t_attn0;
         if (hook_failed) return fasa_error(err, FASA_EIO, "%s", hook_err);

@@ -152,7 +152,6 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
                 const double t0 = fasa_now();
                 for (int k = 0; k < cfg->steps && rc == 0; k++) rc = model_forward(m, s, ids + fill + k, 1, 0, err);
                 const double secs = fasa_now() - t0;
-                { extern double g_tip, g_rest, g_sel[64], g_pre; fprintf(stderr, "pre %.3f %s d=%d tip %.3f rest %.3f sel %.3f+%.3f ms/tok\n", 1e3*g_pre/cfg->steps, names[cfg->policies[pi]], depth, 1e3*g_tip/cfg->steps, 1e3*g_rest/cfg->steps, 1e3*g_sel[0]/cfg->steps, 1e3*g_sel[8]/cfg->steps); g_tip=g_rest=g_pre=0; g_sel[0]=g_sel[8]=0; }
                 tps[pi * R + r] = cfg->steps / secs;
                 attn[pi * R + r] = 1e3 * s->t_attn / cfg->steps;
                 u[pi].kv_read = run_state_kv_bytes_read(s) - kv0;
