@@ -246,7 +246,7 @@ int cmd_run(int argc, char **argv)
     policy pol = { 0 };
     kv_opts kvo = { .f16 = kv_f16 < 0 ? !on_cuda : kv_f16 };
     int fasa = 0;
-    char defp[4096], mode_note[4600] = "full attention";
+    char defp[4096], mode_note[8192] = "full attention";
     char bundle_prof[4200] = "";
     if (!prof_path && (!mode || strcmp(mode, "full"))) {
         if (profile_find(model_path, defp, sizeof defp)) prof_path = defp;
