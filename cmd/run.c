@@ -37,9 +37,10 @@ static const char usage_text[] =
     "      --recent N        fasa: so are the last N (default: half the budget); the budget\n"
     "                        includes both. Chosen on the calibration text: README, Accuracy\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
-    "      --per-head        fasa-c: each head scores its own top F chunks, gathered from whole\n"
-    "                        key rows (default: its KV group's top F chunks, which the cache keeps\n"
-    "                        as one contiguous block per key, so TIP reads only that block)\n"
+    "      --per-head        fasa: each head scores its own top F chunks, which the cache keeps in\n"
+    "                        a block holding the union of its KV group's heads' (wider: about\n"
+    "                        2.5x the bytes TIP reads at F = 8), instead of the group's top F\n"
+    "                        chunks for all its heads (the default block). More accurate: README\n"
     "      --order-chunks    full: order every key's dims by the profile's group ranking, as fasa-c\n"
     "                        does (a converted model's arithmetic, float sums in the same order)\n"
     "      --kv-type T       KV cache rows: f16 (default: half the bytes per step) or f32 (exact;\n"
@@ -283,15 +284,17 @@ int cmd_run(int argc, char **argv)
         po.group = group;
         if (sinks >= 0) po.n_sink = (int)sinks;
         if (recent >= 0) po.n_recent = (int)recent;
-        /* Split keys: the group's top F chunks first in every key, stored as their own block. */
+        /* Split keys: the group's top F chunks (or the union of its heads' own) first in every
+         * key, stored as their own block. */
         const int fasa_m = mode && !strcmp(mode, "fasa-m");
-        if (!per_head && prof.chunks == CHUNKS_PLANE && po.fcs >= 1 && 2 * po.fcs < cfg->d_head) {
-            if (model_rank_chunks(m, &prof, err) < 0) { die("%s", err); goto out; }
-            po.block = !group;
-            kvo.n_split = 2 * po.fcs;
+        const int width = model_key_block(m, &prof, po.fcs, per_head && !group, err);
+        if (width < 0) { die("%s", err); goto out; }
+        if (width) {
+            po.block = group ? 0 : per_head ? 2 : 1;
+            kvo.n_split = 2 * width;
         } else if (fasa_m) {
             status = die_usage("--mode fasa-m keeps a contiguous block of dominant key dims: it needs a profile of "
-                               "RoPE-plane chunks and no --per-head, and F below %d", cfg->d_head / 2);
+                               "RoPE-plane chunks and F below %d", cfg->d_head / 2);
             goto out;
         }
         if (fasa_m) {
@@ -316,7 +319,8 @@ int cmd_run(int argc, char **argv)
                  fasa_m ? "fasa-m" : "fasa-c", prof_path, budget, po.n_sink, po.n_sink == 1 ? "" : "s",
                  po.n_recent < 0 ? (int)budget / 2 : po.n_recent, po.fcs, cfg->d_head / 2, dense_layers,
                  dense_layers == 1 ? "" : "s", dense_note, group ? ", per-KV-head selection" : "",
-                 kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
+                 po.block == 2 ? ", TIP over a block of the group's heads' own chunks"
+                 : kvo.n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
     } else if (order_chunks) {
         if (model_rank_chunks(m, &prof, err) < 0) {
             die("%s", err);

@@ -121,7 +121,7 @@ _fasa()
         ;;
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --csv --json --threads --help"
+              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --csv --json --threads --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
                  --repeats --fcs --kv-cold --kv-type --bandwidth --csv -t --threads"
         case $prev in

@@ -71,7 +71,7 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             profile_chunk_dims(m, l, g, def, dims);
             int16_t chosen[512];
             if (o->kind == POLICY_FASA) {
-                const int16_t *r = o->group || o->block ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
+                const int16_t *r = o->group || o->block == 1 ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
                 memcpy(chosen, r, sizeof(int16_t) * o->fcs);
             } else {
                 /* F distinct chunks drawn uniformly (partial Fisher-Yates) */
@@ -143,7 +143,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     switch (o->kind) {
     case POLICY_FASA:
         if (sc->tip) break;   /* S already holds this head's TIP scores */
-        if (ns && ns == p->n_dom && (o->block || o->group)) {
+        if (ns && ns == p->n_dom && (o->block == 1 || o->group)) {
             /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
              * streams it (the group's dims for every head of the group) */
             if (o->group) {

@@ -37,8 +37,10 @@ typedef struct policy_opts {
                               * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
                               * calibration text, README); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
-    int block;               /* fasa: every head scores its group's top F chunks (the dims split
-                              * keys keep contiguous), selecting per head */
+    int block;               /* fasa, TIP over the contiguous block split keys keep: 1, every head
+                              * scores its group's top F chunks (the block), selecting per head;
+                              * 2, every head its own top F chunks, inside a block that holds the
+                              * union of its group's (model_rank_chunks_union) */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */

@@ -61,8 +61,9 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
     const int grp = c->n_head / c->n_kv_head;
     s->dscores = malloc((size_t)s->n_threads * 2 * grp * n_ctx * sizeof(float));
     s->tip = ko && ko->n_split ? malloc((size_t)c->n_head * n_ctx * sizeof(float)) : NULL;
+    s->tipq = ko && ko->n_split ? malloc((size_t)c->n_head * c->d_head * sizeof(float)) : NULL;
     s->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
-    if (!s->dscores || !s->dpart || (ko && ko->n_split && !s->tip)) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
+    if (!s->dscores || !s->dpart || (ko && ko->n_split && (!s->tip || !s->tipq))) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (n_batch > 1 && !s->bscores) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
@@ -83,7 +84,7 @@ void run_state_free(run_state *s)
     kvcache_free(&s->kv);
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
-    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart); free(s->tip);
+    free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart); free(s->tip); free(s->tipq);
     free(s);
 }
 
@@ -237,11 +238,12 @@ static void merge_parts(const model *m, run_state *s, int P)
         }
 }
 
-/* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key). */
-static uint64_t select_bytes(const policy *p, int t, int d, size_t esz)
+/* Bytes of keys a selection reads before attention (FASA-C's TIP reads 2F dims of every key, or
+ * the whole block of ns dims when each head's own chunks lie in it). */
+static uint64_t select_bytes(const policy *p, int t, int d, int ns, size_t esz)
 {
     switch (p->o.kind) {
-    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * p->n_dom * esz;
+    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
     case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
     default: return 0;
@@ -317,15 +319,29 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         /* FASA over split keys in decode: TIP for the heads of a KV group in one pass over the
          * dominant block, the sequence split into parts; each head then selects from its row */
         const int tip_pre = !s->attend_hook && n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
-                            s->policy->o.block && !s->policy->o.group && s->kv.n_split == s->policy->n_dom &&
+                            !s->policy->o.group &&
+                            ((s->policy->o.block == 1 && s->kv.n_split == s->policy->n_dom) || s->policy->o.block == 2) &&
                             s->n_past >= s->sparse_from && group <= 8;
+        const int ns = s->kv.n_split;
+        const float *tq = s->q;   /* the heads' queries on the block, dh apart */
+        if (tip_pre && s->policy->o.block == 2) {
+            /* each head's own chunks only: its query there, zero on the rest of the block */
+            const int nd = s->policy->n_dom;
+            memset(s->tipq, 0, sizeof(float) * H * ns);
+            for (int h = 0; h < H; h++) {
+                const int16_t *dom = s->policy->dom + ((size_t)l * H + h) * nd;
+                for (int j = 0; j < nd; j++) s->tipq[(size_t)h * ns + dom[j]] = s->q[(size_t)h * dh + dom[j]];
+            }
+            tq = s->tipq;
+        }
+        const int ldq = tq == s->q ? dh : ns;
         if (tip_pre) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
             for (int it = 0; it < G * P; it++) {
                 const int g = it / P, p = it % P;
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
-                kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, s->q + (size_t)g * group * dh, group, dh, 1.0f,
+                kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * group * ldq, group, ldq, 1.0f,
                                s->tip + (size_t)g * group * s->n_ctx + a, s->n_ctx);
             }
         }
@@ -354,7 +370,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                     n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                           s->policy->o.budget, idx, &sc);
                     /* TIP's bytes: the block once per KV group when the group scored together */
-                    if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, kvcache_esz(&s->kv));
+                    if (n_sel >= 0 && (!tip_pre || h % group == 0)) s->bytes_kv[8 * tid] += select_bytes(s->policy, pos + 1, dh, s->kv.n_split, kvcache_esz(&s->kv));
                 }
                 if (s->attend_hook) {
                     char herr[FASA_ERRLEN];

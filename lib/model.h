@@ -137,6 +137,8 @@ typedef struct run_state {
     float *krow;                 /* (d_head) a rotated key on its way into the cache */
     float *bscores;              /* (n_threads, n_batch, n_ctx) x2 with split keys: batched scores */
     float *tip;                  /* (n_head, n_ctx) split keys: TIP scores of a decode step */
+    float *tipq;                 /* (n_head, d_head) split keys: each head's query on its own
+                                  * chunks of the block, zero elsewhere (fasa's block 2) */
     /* Another engine for the attention step (a GPU): given a query and the rows to read (idx
      * NULL: 0..n-1) at position pos, it writes out[d_head] and returns 0, or < 0 with a message in err. While
      * set, every query goes through the one-query path and calls it instead of the CPU kernels

@@ -997,8 +997,8 @@ static void scores_multi_plain(float *S, int lds, const float *Q, int nq, int ld
 }
 
 #ifdef OPS_AVX2
-/* Narrow rows (d = 8, 16, 24 or 32: FASA's dominant block, which TIP scans for every cached
- * token): eight keys at a time, widened once into kb, then per query eight running sums and one
+/* Narrow rows (d a multiple of 8 up to 48: FASA's dominant block, which TIP scans for every
+ * cached token): eight keys at a time, widened once into kb, then per query eight running sums and one
  * transpose-reduce, so no horizontal sum is paid per key. */
 static inline __attribute__((always_inline)) void
 scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, const int d, float scale,
@@ -1006,7 +1006,7 @@ scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K,
 {
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
     const __m256 vs = _mm256_set1_ps(scale);
-    float kb[8 * 32];
+    float kb[8 * 48];
     int j = 0;
     for (; j + 8 <= t; j += 8) {
         const char *k0 = kv_row(K, NULL, j, d, h16);
@@ -1041,7 +1041,7 @@ scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void
                   const int h16)
 {
     if (d == 16) { scores_narrow(S, lds, Q, nq, ldq, K, t, 16, scale, h16); return; }
-    if (d % 8 == 0 && d <= 32) { scores_narrow(S, lds, Q, nq, ldq, K, t, d, scale, h16); return; }
+    if (d % 8 == 0 && d <= 48) { scores_narrow(S, lds, Q, nq, ldq, K, t, d, scale, h16); return; }
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
     for (int j = 0; j < t; j += 4) {
         const int nr = t - j < 4 ? t - j : 4;

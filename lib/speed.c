@@ -78,10 +78,12 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     int fasa = 0;
     for (int p = 0; p < cfg->n_policy; p++) fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
     const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
+    int width = 0;   /* chunks in the dominant key block */
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
         if (fcs < 1 || 2 * fcs >= c->d_head) return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
-        if ((rc = model_rank_chunks(m, prof, err)) < 0) return rc;
+        if ((width = model_key_block(m, prof, fcs, cfg->per_head, err)) < 0) return width;
+        if (!width) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile of RoPE-plane chunks and F below %d", c->d_head / 2);
     }
     if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))
         return fasa_error(err, FASA_ENOMEM, "out of memory");
@@ -106,14 +108,14 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
         double a0, f0;
         rss(&a0, &f0);
         kv_opts ko = { .f16 = cfg->kv_f16 };
-        if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * fcs;
+        if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * width;
         if (sp == SPEED_FASA_M) ko.cold_dir = cfg->cold_dir ? cfg->cold_dir : "/tmp";
         if (!(x->s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err))) { rc = FASA_ENOMEM; break; }
         if (sp != SPEED_FULL) {
             policy_opts o = policy_defaults(sp == SPEED_QUEST ? POLICY_QUEST : POLICY_FASA, m, cfg->budget);
             o.prof = prof;
             o.fcs = fcs;
-            o.block = sp != SPEED_QUEST;
+            o.block = sp == SPEED_QUEST ? 0 : cfg->per_head ? 2 : 1;
             if ((rc = policy_init(&x->pol, m, &o, err)) < 0) break;
             x->have_pol = 1;
             if (sp == SPEED_QUEST) {

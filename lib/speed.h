@@ -27,6 +27,7 @@ typedef struct speed_cfg {
     int n_fill;                   /* tokens prefilled for real before tiling (and timed) */
     const char *cold_dir;         /* fasa-m's cold tier */
     int kv_f16;                   /* KV rows as f16 (else f32) */
+    int per_head;                 /* fasa: each head's own top F chunks (block 2), not the group's */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;

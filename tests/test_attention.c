@@ -125,6 +125,44 @@ Test(attention, split_keys_and_cold_tier, .timeout = 60)
     env_close(&e);
 }
 
+/* Each head's own chunks, kept in a block that holds the union of its group's (fasa run
+ * --per-head): TIP over that block with each query zero outside its chunks picks what gathering
+ * the head's dims from whole rows picks. */
+Test(attention, per_head_chunks_in_the_union_block, .timeout = 60)
+{
+    env e;
+    env_open(&e, 44);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab, n = 40;
+    const int d = e.m->cfg.d_head, H = e.m->cfg.n_head;
+    const int w = model_key_block(e.m, &e.p, 2, 1, err);
+    cr_assert(w >= 2 && 2 * w < d, "block of %d chunks: %s", w, err);
+    policy gath, uni;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 0;
+    cr_assert_eq(policy_init(&gath, e.m, &o, err), 0, "%s", err);
+    o.block = 2;
+    cr_assert_eq(policy_init(&uni, e.m, &o, err), 0, "%s", err);
+    int outside = 0, differ = 0;
+    for (int l = 0; l < e.m->cfg.n_layer; l++)
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < 4; j++) {
+                outside += uni.dom[((size_t)l * H + h) * 4 + j] >= 2 * w;
+                differ += uni.dom[((size_t)l * H + h) * 4 + j] != uni.dom[((size_t)l * H + (h ^ 1)) * 4 + j];
+            }
+    cr_expect_eq(outside, 0, "%d of the heads' dims lie outside the block", outside);
+    cr_expect_gt(differ, 0, "the heads of a group should not all share their chunks here");
+    float *gathered = decode_logits(&e, &gath, 200, 240, 1);
+    float *block = decode_logits_kv(&e, &uni, 200, 240, 1, &(kv_opts){ .n_split = 2 * w });
+    float *full = decode_logits(&e, NULL, 200, 240, 1);
+    cr_expect_leq(max_rel(block, gathered, n * V), 1e-5, "TIP over the union block differs from the gathered dims");
+    cr_expect_gt(max_rel(block, full, n * V), 1e-4, "budget 24 should change the output");
+    policy_free(&gath);
+    policy_free(&uni);
+    free(gathered); free(block); free(full);
+    env_close(&e);
+}
+
 /* The f16 KV cache: rows round to nearest even on the way in and widen exactly on the way out;
  * decoding over it stays within 2e-3 of the f32 cache (and does differ: the rows really are
  * f16), one token at a time or in a batch; on f16 the split layout (up to summation order), the
