@@ -86,6 +86,7 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             }
             int16_t *dst = p->dom + ((size_t)l * c->n_head + h) * p->n_dom;
             for (int j = 0; j < o->fcs; j++) dst[2 * j] = dims[2 * chosen[j]], dst[2 * j + 1] = dims[2 * chosen[j] + 1];
+            for (int j = 0; j < p->n_dom; j++) p->dom_end = dst[j] + 1 > p->dom_end ? dst[j] + 1 : p->dom_end;
         }
     return 0;
 }

@@ -52,6 +52,7 @@ typedef struct policy {
     const model *m;
     int n_dom;               /* dims per key the selector reads (2F), 0 when it reads none */
     int16_t *dom;            /* (n_layer, n_head, 2F) canonical dims of the dominant chunks */
+    int dom_end;             /* 1 + the largest of them: a key block that wide holds them all */
 } policy;
 
 enum { STATS_QUEST = 1, STATS_SNAPKV = 2, STATS_H2O = 4 };

@@ -320,7 +320,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
          * dominant block, the sequence split into parts; each head then selects from its row */
         const int tip_pre = !s->attend_hook && n == 1 && !dense_decode && s->tip && s->policy && s->policy->o.kind == POLICY_FASA &&
                             !s->policy->o.group &&
-                            ((s->policy->o.block == 1 && s->kv.n_split == s->policy->n_dom) || s->policy->o.block == 2) &&
+                            ((s->policy->o.block == 1 && s->kv.n_split == s->policy->n_dom) ||
+                             (s->policy->o.block == 2 && s->policy->dom_end <= s->kv.n_split)) &&
                             s->n_past >= s->sparse_from && group <= 8;
         const int ns = s->kv.n_split;
         const float *tq = s->q;   /* the heads' queries on the block, dh apart */
