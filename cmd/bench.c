@@ -403,7 +403,7 @@ int cmd_bench(int argc, char **argv)
     pp = bench_profile(m, model_path, prof_path, &prof, &failed);
     if (failed) goto out;
     if (!policies)
-        policies = !strcmp(task, "ca") ? "random,stream,snapkv,quest,fasa-1/8,fasa-1/4,oracle"
+        policies = !strcmp(task, "ca") ? "random,stream,snapkv,quest,fasa-1/8,fasa-1/4,fasa-1/4-s0-r0,oracle"
                                        : "full,fasa-1/4,fasa-1/8,oracle,stream,snapkv,h2o,quest";
     char list[1024];
     snprintf(list, sizeof list, "%s", policies);
