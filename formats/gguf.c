@@ -621,8 +621,8 @@ int gguf_arr_i32(const gguf_kv *kv, int32_t *out)
         kv->arr_type == GGUF_VT_F64 || sz == 0)
         return FASA_EFORMAT;
     for (uint64_t i = 0; i < kv->arr_n; i++) {
-        int_load(kv->arr_type, kv->value + i * sz, &v);
-        if (v.neg ? v.s < INT32_MIN : v.u > INT32_MAX) return FASA_EFORMAT;
+        if (int_load(kv->arr_type, kv->value + i * sz, &v) < 0 || (v.neg ? v.s < INT32_MIN : v.u > INT32_MAX))
+            return FASA_EFORMAT;
         out[i] = v.neg ? (int32_t)v.s : (int32_t)v.u;
     }
     return 0;

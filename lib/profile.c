@@ -381,7 +381,7 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "fasa-profile"))
         return fasa_error(err, FASA_EFORMAT, "'%s': not a fasa profile (no \"format\": \"fasa-profile\")", path);
-    int version, rc;
+    int version = 0, rc;
     if ((rc = get_int(o, "version", 0, 1 << 30, &version, path, err)) < 0) return rc;
     if (version != PROFILE_VERSION)
         return fasa_error(err, FASA_EFORMAT, "'%s': profile version %d, this fasa reads version %d", path, version, PROFILE_VERSION);
