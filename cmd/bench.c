@@ -43,6 +43,8 @@ static const char usage_text[] =
     "      --context LIST    C (ppl; default 4096,8192) or passkey lengths (default 1024,2048,4096,8192)\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
+    "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
+    "                        (default 512; the deepest depth: no tiling, a real cache throughout)\n"
     "      --per-head        speed: fasa-c and fasa-m score each head's own top F chunks, kept in a\n"
     "                        block holding the union of its KV group's (default: the group's top F)\n"
     "      --steps M         decode steps (default 256)\n"
@@ -181,10 +183,11 @@ static const char default_depths[] = "0,0.25,0.5,0.75,1";
 
 static int bench_speed_main(const char *model_path, char **texts, int n_texts, const char *prof_path,
                             const char *policies, const char *budgets, const char *depths, int steps, int repeats,
-                            int fcs, int per_head, const char *kv_cold, int kv_f16, double bandwidth, const char *csv,
-                            int json)
+                            int fcs, int per_head, int fill, const char *kv_cold, int kv_f16, double bandwidth,
+                            const char *csv, int json)
 {
     speed_cfg cfg = speed_defaults();
+    if (fill > 0) cfg.n_fill = fill;
     cfg.kv_f16 = kv_f16;
     cfg.per_head = per_head;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
@@ -304,8 +307,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     }
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
-            "512 prefilled tokens tiled to depth%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
-            kv_type_name(cfg.kv_f16), cfg.per_head ? "; fasa: each head's own chunks" : "");
+            "%d prefilled tokens tiled to depth%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
+            kv_type_name(cfg.kv_f16), cfg.n_fill, cfg.per_head ? "; fasa: each head's own chunks" : "");
     status = 0;
 out:
     free(rows);
@@ -329,12 +332,12 @@ int cmd_bench(int argc, char **argv)
         { "repeats", required_argument, 0, 'R' }, { "fcs", required_argument, 0, 'F' },
         { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
         { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
-        { "per-head", no_argument, 0, 'H' },
+        { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
     const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL, *depths = default_depths;
-    long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0;
+    long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0, fill = 0;
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 22;
@@ -356,6 +359,7 @@ int cmd_bench(int argc, char **argv)
         case 'k': kv_cold = optarg; break;
         case 'L': per_layer = 1; break;
         case 'H': per_head = 1; break;
+        case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
@@ -374,7 +378,7 @@ int cmd_bench(int argc, char **argv)
         if (threads) omp_set_num_threads((int)threads);
         return bench_speed_main(argv[optind], argv + optind + 1, argc - optind - 1, prof_path, policies, budgets,
                                 depths == default_depths ? NULL : depths, steps < 0 ? 16 : (int)steps,
-                                (int)repeats, (int)fcs, per_head, kv_cold, kv_f16 != 0, bandwidth, csv, json);
+                                (int)repeats, (int)fcs, per_head, (int)fill, kv_cold, kv_f16 != 0, bandwidth, csv, json);
     }
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
         return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);

@@ -121,9 +121,9 @@ _fasa()
         ;;
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --csv --json --threads --help"
+              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-                 --repeats --fcs --kv-cold --kv-type --bandwidth --csv -t --threads"
+                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey speed" -- "$cur") ); return 0 ;;

@@ -103,6 +103,7 @@ Test(cli, exit_status_rule)
         { "bench /nonexistent/m.gguf --task ppl --kv-type bf16", 2 },
         { "bench /nonexistent/m.gguf --task ca --kv-type f16", 2 },
         { "bench /nonexistent/m.gguf --task speed --repeats 0", 2 },
+        { "bench /nonexistent/m.gguf --task speed --fill 0", 2 },
         { "run /nonexistent/m.gguf hi", 1 },
         { "run -m /nonexistent/m.gguf --mode fasa-m hi", 1 },
         { "inspect /nonexistent/dir", 1 },
