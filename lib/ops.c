@@ -228,118 +228,101 @@ static inline uint32_t load_u32(const uint8_t *p)
     return u;
 }
 
-/* xs[b] = sum of x[32b .. 32b+31] */
-static void block_sums(float *xs, const float *x, int64_t nb)
+/* x for the integer decode kernels, per block b of 32 values: xs[b], their sum (exact f32, for
+ * the Q4 offsets), sx[b] = max |x| / 32767 and x16 = round(x / sx), so |x16| <= 32767. A block
+ * of weights then dots with x16 in exact integer arithmetic (vpmaddwd: 4-bit or 8-bit weights
+ * times 16-bit x, pairs summed into 32 bits, no overflow), and the one rounding is x's: at most
+ * sx / 2 per value, 1.5e-5 of the block's largest |x| (the f16 KV cache rounds each value by up
+ * to 4.9e-4 of itself). Half the vector instructions of converting every weight to f32, which
+ * bound the decode matvec on this machine's cores. */
+typedef struct xq {
+    const float *xs, *sx;   /* (cols / 32) */
+    const int16_t *x16;     /* (cols) */
+} xq;
+
+static void x_quantize(float *xs, float *sx, int16_t *x16, const float *x, int64_t nb)
 {
-    for (int64_t b = 0; b < nb; b++, x += 32) {
-        __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
-                                 _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)));
-        xs[b] = hsum256(s);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nb; b++, x += 32, x16 += 32) {
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+        const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        xs[b] = hsum256(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        /* a NaN or infinity anywhere in the block (its sum is not finite) makes the block's
+         * products NaN, as the f32 kernels would */
+        sx[b] = isfinite(xs[b]) ? amax / 32767 : NAN;
+        const __m256 inv = _mm256_set1_ps(amax > 0 && isfinite(xs[b]) ? 32767 / amax : 0);
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
+        /* packs works within 128-bit lanes: 0xD8 puts the four quarters back in order */
+        _mm256_storeu_si256((__m256i *)x16, _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
+        _mm256_storeu_si256((__m256i *)(x16 + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(i2, i3), 0xD8));
     }
 }
 
-/* sum_k q_k x_k over one block of 16 nibble bytes (low nibbles are values 0..15, high 16..31) */
-static inline __m256 q4_block_dot(const uint8_t *qs, const float *x)
+/* lo . xlo + hi . xhi as eight 32-bit sums (one vpdpwssd where AVX512-VNNI has it) */
+static inline __m256i madd2_epi16(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi)
 {
-    const __m256i mask = _mm256_set1_epi32(0x0F);
-    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
-    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), _mm256_loadu_ps(x));
-    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, mask)), _mm256_loadu_ps(x + 8), s);
-    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_loadu_ps(x + 16), s);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), _mm256_loadu_ps(x + 24), s);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(_mm256_madd_epi16(lo, xlo), hi, xhi);
+#else
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, xlo), _mm256_madd_epi16(hi, xhi));
+#endif
 }
 
-/* sum_k q_k x_k over one block of 32 signed bytes */
-static inline __m256 q8_block_dot(const uint8_t *qs, const float *x)
+/* q . x16 over one Q4 block of 16 nibble bytes (low nibbles are values 0..15, high 16..31) */
+static inline __m256 q4_block_dot(const uint8_t *qs, __m256i xlo, __m256i xhi)
 {
-    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))),
-                             _mm256_loadu_ps(x));
-    for (int k = 1; k < 4; k++)
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k)))),
-                            _mm256_loadu_ps(x + 8 * k), s);
-    return s;
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_cvtepi32_ps(madd2_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x0F)), xlo,
+                                          _mm256_srli_epi16(w, 4), xhi));
 }
 
-/* Q4_1 row: blocks of f16 d, f16 m, u8 qs[16]. Two blocks per step: two accumulator chains. */
-static float rowdot_q4_1(const uint8_t *b, const float *x, const float *xs, int64_t nb)
+/* q . x16 over one block of 32 signed bytes */
+static inline __m256 q8_block_dot(const uint8_t *qs, __m256i xlo, __m256i xhi)
 {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 40, x += 64) {
-        __m128 dm0 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b)));        /* d, m, 0, 0 */
-        __m128 dm1 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b + 20)));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm0), q4_block_dot(b + 4, x), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm1), q4_block_dot(b + 24, x + 32), acc1);
-        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm0), _mm_load_ss(xs + i), accm);
-        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm1), _mm_load_ss(xs + i + 1), accm);
-    }
-    if (i < nb) {
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)load_u32(b)));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), q4_block_dot(b + 4, x), acc0);
-        accm = _mm_fmadd_ss(_mm_movehdup_ps(dm), _mm_load_ss(xs + i), accm);
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(accm);
+    return _mm256_cvtepi32_ps(madd2_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs)), xlo,
+                                          _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16))), xhi));
 }
 
-/* Q4_0 row: blocks of f16 d, u8 qs[16]; value d (q - 8), so the offset term is -8 sum_b d xs. */
-static float rowdot_q4_0(const uint8_t *b, const float *x, const float *xs, int64_t nb)
+#define X16_LO(q, i) _mm256_loadu_si256((const __m256i *)((q)->x16 + 32 * (i)))
+#define X16_HI(q, i) _mm256_loadu_si256((const __m256i *)((q)->x16 + 32 * (i) + 16))
+
+/* One row of Q4_1 (f16 d, f16 m, u8 qs[16] per block): sum_b d sx (q . x16) + m xs. */
+static float rowdot_q4_1(const uint8_t *b, const xq *x, int64_t nb)
 {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 36, x += 64) {
-        __m128 d0 = _mm_cvtph_ps(_mm_cvtsi32_si128(b[0] | b[1] << 8));
-        __m128 d1 = _mm_cvtph_ps(_mm_cvtsi32_si128(b[18] | b[19] << 8));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d0), q4_block_dot(b + 2, x), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d1), q4_block_dot(b + 20, x + 32), acc1);
-        accm = _mm_fmadd_ss(d0, _mm_load_ss(xs + i), accm);
-        accm = _mm_fmadd_ss(d1, _mm_load_ss(xs + i + 1), accm);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < nb; i++, b += 20) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 4, X16_LO(x, i), X16_HI(x, i)), acc);
+        accm += f16_scalar(b + 2) * x->xs[i];
     }
-    if (i < nb) {
-        __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(b[0] | b[1] << 8));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), q4_block_dot(b + 2, x), acc0);
-        accm = _mm_fmadd_ss(d, _mm_load_ss(xs + i), accm);
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) - 8 * _mm_cvtss_f32(accm);
+    return hsum256(acc) + accm;
 }
 
-/* Q8_0 row: blocks of f16 d, i8 qs[32]. */
-static float rowdot_q8_0(const uint8_t *b, const float *x, int64_t nb)
+/* One row of Q4_0 (f16 d, u8 qs[16]; value d (q - 8)): the offset is -8 sum_b d xs. */
+static float rowdot_q4_0(const uint8_t *b, const xq *x, int64_t nb)
 {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, b += 68, x += 64) {
-        __m256 d0 = _mm256_set1_ps(f16_scalar(b)), d1 = _mm256_set1_ps(f16_scalar(b + 34));
-        acc0 = _mm256_fmadd_ps(d0, q8_block_dot(b + 2, x), acc0);
-        acc1 = _mm256_fmadd_ps(d1, q8_block_dot(b + 36, x + 32), acc1);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < nb; i++, b += 18) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
+        accm += f16_scalar(b) * x->xs[i];
     }
-    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b)), q8_block_dot(b + 2, x), acc0);
-    return hsum256(_mm256_add_ps(acc0, acc1));
+    return hsum256(acc) - 8 * accm;
 }
 
-/* Four rows at a time (y[0..3]): the x block is loaded once for the four, the scales of the four
- * rows are converted together, and four independent accumulator chains hide the FMA latency
- * (about 6.4 instead of 8.2 cycles per Q4_1 block here). */
-static void rowdot4_q4_1(float *y, const uint8_t *b, size_t rb, const float *x, const float *xs, int64_t nb)
+/* One row of Q8_0 (f16 d, i8 qs[32]). */
+static float rowdot_q8_0(const uint8_t *b, const xq *x, int64_t nb)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    __m128 am = _mm_setzero_ps();
-    float d[4];
-    for (int64_t i = 0; i < nb; i++, b += 20, x += 32) {
-        __m128 dm01 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b)),
-                                                      _mm_cvtsi32_si128((int)load_u32(b + rb))));
-        __m128 dm23 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b + 2 * rb)),
-                                                      _mm_cvtsi32_si128((int)load_u32(b + 3 * rb))));
-        _mm_storeu_ps(d, _mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(2, 0, 2, 0)));
-        am = _mm_fmadd_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(3, 1, 3, 1)), _mm_broadcast_ss(xs + i), am);
-        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 0), q4_block_dot(b + 4, x), a0);
-        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 1), q4_block_dot(b + rb + 4, x), a1);
-        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 2), q4_block_dot(b + 2 * rb + 4, x), a2);
-        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 3), q4_block_dot(b + 3 * rb + 4, x), a3);
-    }
-    _mm_storeu_ps(y, _mm_add_ps(hsum4x256(a0, a1, a2, a3), am));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += 34)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q8_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
+    return hsum256(acc);
 }
 
 static inline __m128 f16x4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
@@ -348,36 +331,57 @@ static inline __m128 f16x4(const uint8_t *p0, const uint8_t *p1, const uint8_t *
                                        (short)(p2[0] | p2[1] << 8), (short)(p3[0] | p3[1] << 8), 0, 0, 0, 0));
 }
 
-static void rowdot4_q4_0(float *y, const uint8_t *b, size_t rb, const float *x, const float *xs, int64_t nb)
+/* Four rows at a time (y[0..3]), as the one-row kernels: x's block is loaded once for the four,
+ * the four rows' scales are converted together, and four accumulator chains hide the latency. */
+#define ROWDOT4_BODY(QDOT, OFS)                                                                   \
+    const __m256i xl = X16_LO(x, i), xh = X16_HI(x, i);                                          \
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 0), QDOT(b + (OFS), xl, xh), a0);              \
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 1), QDOT(b + rb + (OFS), xl, xh), a1);         \
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2), QDOT(b + 2 * rb + (OFS), xl, xh), a2);     \
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 3), QDOT(b + 3 * rb + (OFS), xl, xh), a3)
+
+static void rowdot4_q4_1(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     __m128 am = _mm_setzero_ps();
-    float d[4];
-    for (int64_t i = 0; i < nb; i++, b += 18, x += 32) {
+    float ds[4];
+    for (int64_t i = 0; i < nb; i++, b += 20) {
+        __m128 dm01 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b)),
+                                                      _mm_cvtsi32_si128((int)load_u32(b + rb))));
+        __m128 dm23 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b + 2 * rb)),
+                                                      _mm_cvtsi32_si128((int)load_u32(b + 3 * rb))));
+        _mm_storeu_ps(ds, _mm_mul_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(2, 0, 2, 0)), _mm_broadcast_ss(x->sx + i)));
+        am = _mm_fmadd_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(3, 1, 3, 1)), _mm_broadcast_ss(x->xs + i), am);
+        ROWDOT4_BODY(q4_block_dot, 4);
+    }
+    _mm_storeu_ps(y, _mm_add_ps(hsum4x256(a0, a1, a2, a3), am));
+}
+
+static void rowdot4_q4_0(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    __m128 am = _mm_setzero_ps();
+    float ds[4];
+    for (int64_t i = 0; i < nb; i++, b += 18) {
         __m128 dv = f16x4(b, b + rb, b + 2 * rb, b + 3 * rb);
-        _mm_storeu_ps(d, dv);
-        am = _mm_fmadd_ps(dv, _mm_broadcast_ss(xs + i), am);
-        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 0), q4_block_dot(b + 2, x), a0);
-        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 1), q4_block_dot(b + rb + 2, x), a1);
-        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 2), q4_block_dot(b + 2 * rb + 2, x), a2);
-        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 3), q4_block_dot(b + 3 * rb + 2, x), a3);
+        _mm_storeu_ps(ds, _mm_mul_ps(dv, _mm_broadcast_ss(x->sx + i)));
+        am = _mm_fmadd_ps(dv, _mm_broadcast_ss(x->xs + i), am);
+        ROWDOT4_BODY(q4_block_dot, 2);
     }
     _mm_storeu_ps(y, _mm_fnmadd_ps(_mm_set1_ps(8), am, hsum4x256(a0, a1, a2, a3)));
 }
 
-static void rowdot4_q8_0(float *y, const uint8_t *b, size_t rb, const float *x, int64_t nb)
+static void rowdot4_q8_0(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    float d[4];
-    for (int64_t i = 0; i < nb; i++, b += 34, x += 32) {
-        _mm_storeu_ps(d, f16x4(b, b + rb, b + 2 * rb, b + 3 * rb));
-        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 0), q8_block_dot(b + 2, x), a0);
-        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 1), q8_block_dot(b + rb + 2, x), a1);
-        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 2), q8_block_dot(b + 2 * rb + 2, x), a2);
-        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(d + 3), q8_block_dot(b + 3 * rb + 2, x), a3);
+    float ds[4];
+    for (int64_t i = 0; i < nb; i++, b += 34) {
+        _mm_storeu_ps(ds, _mm_mul_ps(f16x4(b, b + rb, b + 2 * rb, b + 3 * rb), _mm_broadcast_ss(x->sx + i)));
+        ROWDOT4_BODY(q8_block_dot, 2);
     }
     _mm_storeu_ps(y, hsum4x256(a0, a1, a2, a3));
 }
+#undef ROWDOT4_BODY
 
 static float rowdot_f16(const uint8_t *b, const float *x, int64_t n)
 {
@@ -521,8 +525,8 @@ static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, 
     }
 }
 
-/* Rows [r0, r1) of y = W x for one token. xs: block sums of x (for Q4_0/Q4_1). */
-static void matvec_rows(float *y, const weight *w, const float *x, const float *xs, int64_t r0,
+/* Rows [r0, r1) of y = W x for one token. xq: x quantised for the Q4_0/Q4_1/Q8_0 kernels. */
+static void matvec_rows(float *y, const weight *w, const float *x, const xq *xq, int64_t r0,
                         int64_t r1)
 {
     const int64_t cols = w->cols, nb = cols / 32;
@@ -533,23 +537,23 @@ static void matvec_rows(float *y, const weight *w, const float *x, const float *
     case GGUF_TYPE_Q4_1:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
             prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q4_1(y + r, b, rb, x, xs, nb);
+            rowdot4_q4_1(y + r, b, rb, xq, nb);
         }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_1(b, x, xs, nb);
+        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_1(b, xq, nb);
         return;
     case GGUF_TYPE_Q4_0:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
             prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q4_0(y + r, b, rb, x, xs, nb);
+            rowdot4_q4_0(y + r, b, rb, xq, nb);
         }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_0(b, x, xs, nb);
+        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_0(b, xq, nb);
         return;
     case GGUF_TYPE_Q8_0:
         for (; r + 4 <= r1; r += 4, b += 4 * rb) {
             prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q8_0(y + r, b, rb, x, nb);
+            rowdot4_q8_0(y + r, b, rb, xq, nb);
         }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q8_0(b, x, nb);
+        for (; r < r1; r++, b += rb) y[r] = rowdot_q8_0(b, xq, nb);
         return;
     case GGUF_TYPE_F16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_f16(b, x, cols); return;
     case GGUF_TYPE_BF16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_bf16(b, x, cols); return;
@@ -587,11 +591,11 @@ static void matmul_rows_plain(float *y, const weight *w, const float *x, int n, 
 
 /* Rows [r0, r1) of one product, on the calling thread. */
 static void matmul_part(float *y, const weight *w, const float *x, int n, int64_t r0, int64_t r1,
-                        float *buf, int64_t ld, const float *xs)
+                        float *buf, int64_t ld, const struct xq *xq)
 {
 #ifdef OPS_AVX2
     if (n == 1)
-        matvec_rows(y, w, x, xs, r0, r1);
+        matvec_rows(y, w, x, xq, r0, r1);
     else
         matmul_batch_rows(y, w, x, n, r0, r1, buf, ld);
 #else
@@ -733,14 +737,19 @@ static void mm_thread(const mm_call *c, int tid, int nt)
 {
     const int64_t cols = c->w[0]->cols;
     const int64_t ld = (cols + 7) & ~(int64_t)7;
-    /* the dequantised rows (prefill) or the block sums of x (decode) of this thread */
-    float scratch[(c->n > 1 ? MM_ROWS * ld : 0) + cols / 32 + 8];
+    /* the dequantised rows (prefill) or x quantised (decode: sums, scales, x16) of this thread */
+    float scratch[(c->n > 1 ? MM_ROWS * ld : cols / 2 + 2 * (cols / 32)) + 8];
     float *buf = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
-    const float *xs = NULL;
+    const struct xq *xqp = NULL;
 #ifdef OPS_AVX2
+    xq xq;
     if (c->n == 1 && cols % 32 == 0) {
-        block_sums(buf, c->x, cols / 32);
-        xs = buf;
+        const int64_t nb = cols / 32;
+        int16_t *x16 = (int16_t *)buf;
+        float *xs = buf + cols / 2, *sx = xs + nb;
+        x_quantize(xs, sx, x16, c->x, nb);
+        xq = (struct xq){ xs, sx, x16 };
+        xqp = &xq;
     }
 #endif
     int wa, wb;
@@ -749,7 +758,7 @@ static void mm_thread(const mm_call *c, int tid, int nt)
     split_at(c->w, c->count, c->n, tid + 1, nt, &wb, &rb);
     for (int i = wa; i <= wb; i++) {
         const int64_t r0 = i == wa ? ra : 0, r1 = i == wb ? rb : c->w[i]->rows;
-        if (r0 < r1) matmul_part(c->y[i], c->w[i], c->x, c->n, r0, r1, buf, ld, xs);
+        if (r0 < r1) matmul_part(c->y[i], c->w[i], c->x, c->n, r0, r1, buf, ld, xqp);
     }
 }
 
