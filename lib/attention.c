@@ -129,6 +129,14 @@ static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g
 static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
 static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
+int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
+{
+    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    *lo = o->n_sink < t ? o->n_sink : t;
+    *hi = t - recent > *lo ? t - recent : *lo;
+    return *lo + (t - *hi) < budget;
+}
+
 int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
                   int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc)
 {
@@ -221,10 +229,14 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     }
     /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
      * rest is selected from the tokens between them, and the indices stay ascending */
-    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
-    const int lo = o->n_sink < t ? o->n_sink : t, hi = t - recent > lo ? t - recent : lo;
-    if (o->kind != POLICY_STREAM && lo + (t - hi) < budget) {
-        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
+    int lo, hi;
+    const int room = policy_forced(o, t, budget, &lo, &hi), recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    if (o->kind != POLICY_STREAM && room) {
+        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + (sc->middle ? 0 : lo), sc->sel);
+        if (sc->middle) {
+            for (int j = 0; j < m; j++) idx[j] += lo;
+            return m;
+        }
         for (int i = 0; i < lo; i++) idx[i] = i;
         for (int j = lo; j < lo + m; j++) idx[j] += lo;
         for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;

@@ -73,7 +73,13 @@ typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
+    int middle;              /* when policy_forced holds: only the tokens chosen among [lo, hi) */
 } policy_scratch;
+
+/* The tokens a selection of `budget` among t forces in: attention sinks [0, *lo) and the recent
+ * window [*hi, t). 1 when they leave room in the budget (the rest is then chosen among [lo, hi)),
+ * 0 when they do not (everything is ranked together, the forced tokens first). */
+int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 
 /* Layer l attends densely whatever the budget. */
 static inline int policy_layer_dense(const policy_opts *o, int l)

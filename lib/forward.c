@@ -179,13 +179,12 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
 /* Decode, a dense layer: the heads of a KV group read each key and value row once between them,
  * and the sequence is cut into parts that threads take independently (flash-decoding): each part
  * leaves its max, sum and unnormalised output, merged afterwards. Part p of t keys is
- * [p t / P, (p + 1) t / P). */
-static void attend_part(const model *m, run_state *s, int l, int g, int p, int P, float *S, float *T)
+ * [p t / P, (p + 1) t / P). attend_rows does rows [a, b) into slot p of group g. */
+static void attend_rows(const model *m, run_state *s, int l, int g, int p, int a, int b, float *S, float *T)
 {
     const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
-    const int d = c->d_head, grp = c->n_head / c->n_kv_head, ns = kv->n_split;
-    const int t = s->n_past + 1, a = (int)((int64_t)p * t / P), b = (int)((int64_t)(p + 1) * t / P), len = b - a;
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head, ns = kv->n_split, len = b - a;
     const float scale = 1.0f / sqrtf((float)d);
     const float *Q = s->q + (size_t)g * grp * d;
     float *part = s->dpart + ((size_t)g * DECODE_PARTS + p) * grp * (d + 2);
@@ -211,6 +210,54 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
     kvcache_accum(kv, l, g, a, NULL, len, S, grp, NULL, out, d);
     for (int h = 0; h < grp; h++) memcpy(part + h * (d + 2) + 2, out + (size_t)h * d, sizeof(float) * d);
     s->bytes_kv[8 * omp_get_thread_num()] += (uint64_t)len * 2 * d * kvcache_esz(kv);
+}
+
+static void attend_part(const model *m, run_state *s, int l, int g, int p, int P, float *S, float *T)
+{
+    const int t = s->n_past + 1;
+    attend_rows(m, s, l, g, p, (int)((int64_t)p * t / P), (int)((int64_t)(p + 1) * t / P), S, T);
+}
+
+/* FASA decode with forced tokens: head h (of group g) attends to its chosen rows idx[0..n) and
+ * to the group's forced rows, whose partials attend_rows left in slots 0 and 1 (sinks, recent
+ * window: read once for the group's heads); merged as merge_parts does. */
+static void attend_merge(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, float *scores,
+                         float *tmp)
+{
+    const model_config *c = &m->cfg;
+    const kvcache *kv = &s->kv;
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head, g = h / grp, ns = kv->n_split;
+    const float *q = s->q + (size_t)h * d;
+    float *out = s->att_out + (size_t)h * d;
+    const float *part[2];
+    float mx = -INFINITY;
+    for (int p = 0; p < 2; p++) {
+        part[p] = s->dpart + (((size_t)g * DECODE_PARTS + p) * grp + h % grp) * (d + 2);
+        mx = part[p][0] > mx ? part[p][0] : mx;
+    }
+    memset(out, 0, sizeof(float) * d);
+    float sum = 0;
+    if (n > 0) {
+        kvcache_prefetch(kv, l, g, idx, n);
+        kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, 1.0f / sqrtf((float)d), scores, n);
+        if (ns) {
+            kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + ns, 1, d, 1.0f / sqrtf((float)d), tmp, n);
+            for (int i = 0; i < n; i++) scores[i] += tmp[i];
+        }
+        for (int i = 0; i < n; i++) mx = scores[i] > mx ? scores[i] : mx;
+        for (int i = 0; i < n; i++) scores[i] -= mx;
+        ops_exp(scores, scores, n);
+        for (int i = 0; i < n; i++) sum += scores[i];
+        kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, out, d);
+    }
+    for (int p = 0; p < 2; p++) {
+        if (part[p][1] == 0) continue;
+        const float w = expf(part[p][0] - mx);
+        sum += w * part[p][1];
+        for (int j = 0; j < d; j++) out[j] += w * part[p][2 + j];
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < d; j++) out[j] *= inv;
 }
 
 static void merge_parts(const model *m, run_state *s, int P)
@@ -336,10 +383,20 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             tq = s->tipq;
         }
         const int ldq = tq == s->q ? dh : ns;
+        /* the forced tokens (sinks, recent window) are the same rows for every head of a group:
+         * attended once per group beside TIP, each head then gathers only its chosen rows */
+        int f_lo = 0, f_hi = 0;
+        const int shared = tip_pre && !s->stats && !s->obs && policy_forced(&s->policy->o, t1, s->policy->o.budget, &f_lo, &f_hi);
         if (tip_pre) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
-            for (int it = 0; it < G * P; it++) {
+            for (int it = 0; it < G * P + (shared ? 2 * G : 0); it++) {
+                if (it >= G * P) {
+                    const int g = (it - G * P) / 2, r = (it - G * P) % 2, tid = omp_get_thread_num();
+                    float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
+                    attend_rows(m, s, l, g, r, r ? f_hi : 0, r ? t1 : f_lo, S, S + (size_t)group * s->n_ctx);
+                    continue;
+                }
                 const int g = it / P, p = it % P;
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
                 kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * group * ldq, group, ldq, 1.0f,
@@ -367,7 +424,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
                 if (s->policy && pos >= s->sparse_from) {
                     policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
-                                          tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL };
+                                          tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL, shared };
                     n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                           s->policy->o.budget, idx, &sc);
                     /* TIP's bytes: the block once per KV group when the group scored together */
@@ -380,6 +437,9 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                         if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
                     }
                     s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
+                } else if (shared) {
+                    attend_merge(m, s, l, h, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
+                    s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
                 } else if (n_sel < 0) {
                     attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
                     s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * kvcache_esz(&s->kv);

@@ -289,7 +289,7 @@ Test(attention, tip_with_all_chunks_is_the_oracle)
     float *S = malloc(sizeof(float) * 200);
     uint64_t *K = malloc(sizeof(uint64_t) * 200);
     int32_t a[200], b[200], c[200];
-    policy_scratch sc = { S, K, NULL };
+    policy_scratch sc = { S, K, NULL, 0 };
     int same = 0, total = 0, mid_same = 0, mid_total = 0;
     for (int l = 0; l < e.m->cfg.n_layer; l++)
         for (int h = 0; h < e.m->cfg.n_head; h++) {
@@ -342,7 +342,7 @@ Test(attention, baseline_selections_keep_their_promises)
     float S[200];
     uint64_t K[200];
     int32_t idx[200];
-    policy_scratch sc = { S, K, NULL };
+    policy_scratch sc = { S, K, NULL, 0 };
     const float *q_tok = s->q + (size_t)63 * e.m->cfg.n_head * e.m->cfg.d_head;
     const int pos = 191, N = 40;
     for (int k = POLICY_ORACLE; k < POLICY_COUNT; k++) {
@@ -451,10 +451,57 @@ Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
     cr_assert_eq(model_forward(e.m, s, e.ids + 200, 1, 0, err), 0, "%s", err);
     const uint64_t got = run_state_kv_bytes_read(s) - b0, t = 201, f = sizeof(float), d = c->d_head;
     const uint64_t dense = t * 2 * d * f * c->n_kv_head;                                   /* layer 0 */
-    const uint64_t sparse = t * 4 * f * c->n_kv_head + 24 * 2 * d * f * c->n_head;         /* each later layer */
+    /* each later layer: TIP's block, the 4 sinks and 12 recent rows once per KV group, and the 8
+     * rows each head chooses between them */
+    const uint64_t sparse = t * 4 * f * c->n_kv_head + 16 * 2 * d * f * c->n_kv_head + 8 * 2 * d * f * c->n_head;
     cr_expect_eq(got, dense + (c->n_layer - 1) * sparse, "counted %llu bytes, expected %llu", (unsigned long long)got,
                  (unsigned long long)(dense + (c->n_layer - 1) * sparse));
     run_state_free(s);
+    policy_free(&pol);
+    env_close(&e);
+}
+
+/* The forced tokens (sinks, recent window) attended once per KV group and merged into each head's
+ * focused attention give what each head attending to all its rows gives (an observer turns the
+ * shared path off). */
+static void noop_query(void *ctx, const model *m, const run_state *s, int l, int h, int pos, const float *q) {}
+
+Test(attention, forced_rows_once_per_group, .timeout = 60)
+{
+    env e;
+    env_open(&e, 45);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    cr_assert_gt(e.m->cfg.n_head, e.m->cfg.n_kv_head, "the fixture should have groups of heads");
+    policy pol;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.block = 1;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    const attn_obs watch = { .on_query = noop_query };
+    for (int f16 = 0; f16 <= 1; f16++) {
+        const kv_opts ko = { .n_split = 4, .f16 = f16 };
+        float *out[2];
+        uint64_t bytes[2];
+        for (int k = 0; k < 2; k++) {
+            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
+            cr_assert_not_null(s, "%s", err);
+            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+            s->policy = &pol, s->sparse_from = 200, s->obs = k ? &watch : NULL;
+            out[k] = malloc(sizeof(float) * 40 * V);
+            const uint64_t b0 = run_state_kv_bytes_read(s);
+            for (int i = 200; i < 240; i++) {
+                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+            }
+            bytes[k] = run_state_kv_bytes_read(s) - b0;
+            run_state_free(s);
+        }
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5, "f16 %d: shared forced rows changed the output", f16);
+        cr_expect_lt(bytes[0], bytes[1], "f16 %d: the shared path should read fewer bytes (%llu vs %llu)", f16,
+                     (unsigned long long)bytes[0], (unsigned long long)bytes[1]);
+        free(out[0]); free(out[1]);
+    }
     policy_free(&pol);
     env_close(&e);
 }
