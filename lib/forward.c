@@ -218,46 +218,35 @@ static void attend_part(const model *m, run_state *s, int l, int g, int p, int P
     attend_rows(m, s, l, g, p, (int)((int64_t)p * t / P), (int)((int64_t)(p + 1) * t / P), S, T);
 }
 
-/* FASA decode with forced tokens: head h (of group g) attends to its chosen rows idx[0..n) and
- * to the group's forced rows, whose partials attend_rows left in slots 0 and 1 (sinks, recent
- * window: read once for the group's heads); merged as merge_parts does. */
-static void attend_merge(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, float *scores,
-                         float *tmp)
+/* FASA decode with forced tokens: head h (of group g) attends to the rows it chose, idx[0..n),
+ * leaving its max, sum and unnormalised output in slot 2 of its group; the group's forced rows
+ * (sinks, recent window: read once for the group's heads) are slots 0 and 1 (attend_rows), and
+ * merge_parts(.., 3) merges the three. */
+static void attend_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, float *scores,
+                          float *tmp)
 {
     const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
     const int d = c->d_head, grp = c->n_head / c->n_kv_head, g = h / grp, ns = kv->n_split;
-    const float *q = s->q + (size_t)h * d;
-    float *out = s->att_out + (size_t)h * d;
-    const float *part[2];
-    float mx = -INFINITY;
-    for (int p = 0; p < 2; p++) {
-        part[p] = s->dpart + (((size_t)g * DECODE_PARTS + p) * grp + h % grp) * (d + 2);
-        mx = part[p][0] > mx ? part[p][0] : mx;
+    const float *q = s->q + (size_t)h * d, scale = 1.0f / sqrtf((float)d);
+    float *part = s->dpart + (((size_t)g * DECODE_PARTS + 2) * grp + h % grp) * (d + 2);
+    if (n <= 0) {
+        part[0] = -INFINITY, part[1] = 0;
+        return;
     }
-    memset(out, 0, sizeof(float) * d);
-    float sum = 0;
-    if (n > 0) {
-        kvcache_prefetch(kv, l, g, idx, n);
-        kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, 1.0f / sqrtf((float)d), scores, n);
-        if (ns) {
-            kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + ns, 1, d, 1.0f / sqrtf((float)d), tmp, n);
-            for (int i = 0; i < n; i++) scores[i] += tmp[i];
-        }
-        for (int i = 0; i < n; i++) mx = scores[i] > mx ? scores[i] : mx;
-        for (int i = 0; i < n; i++) scores[i] -= mx;
-        ops_exp(scores, scores, n);
-        for (int i = 0; i < n; i++) sum += scores[i];
-        kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, out, d);
+    kvcache_prefetch(kv, l, g, idx, n);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores, n);
+    if (ns) {
+        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + ns, 1, d, scale, tmp, n);
+        for (int i = 0; i < n; i++) scores[i] += tmp[i];
     }
-    for (int p = 0; p < 2; p++) {
-        if (part[p][1] == 0) continue;
-        const float w = expf(part[p][0] - mx);
-        sum += w * part[p][1];
-        for (int j = 0; j < d; j++) out[j] += w * part[p][2 + j];
-    }
-    const float inv = 1.0f / sum;
-    for (int j = 0; j < d; j++) out[j] *= inv;
+    float mx = scores[0], sum = 0;
+    for (int i = 1; i < n; i++) mx = scores[i] > mx ? scores[i] : mx;
+    for (int i = 0; i < n; i++) scores[i] -= mx;
+    ops_exp(scores, scores, n);
+    for (int i = 0; i < n; i++) sum += scores[i];
+    part[0] = mx, part[1] = sum;
+    kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, part + 2, d);
 }
 
 static void merge_parts(const model *m, run_state *s, int P)
@@ -390,13 +379,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         if (tip_pre) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
-            for (int it = 0; it < G * P + (shared ? 2 * G : 0); it++) {
-                if (it >= G * P) {
-                    const int g = (it - G * P) / 2, r = (it - G * P) % 2, tid = omp_get_thread_num();
-                    float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
-                    attend_rows(m, s, l, g, r, r ? f_hi : 0, r ? t1 : f_lo, S, S + (size_t)group * s->n_ctx);
-                    continue;
-                }
+            for (int it = 0; it < G * P; it++) {
                 const int g = it / P, p = it % P;
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
                 kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * group * ldq, group, ldq, 1.0f,
@@ -413,8 +396,16 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
             }
         } else if (!dense_decode) {
+            /* with forced rows shared, the group's forced-row items follow the heads': smaller,
+             * they even out the threads' shares */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
-            for (int ih = 0; ih < n * H; ih++) {
+            for (int ih = 0; ih < n * H + (shared ? 2 * G : 0); ih++) {
+                if (ih >= n * H) {
+                    const int g = (ih - n * H) / 2, r = (ih - n * H) % 2, tid = omp_get_thread_num();
+                    float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
+                    attend_rows(m, s, l, g, r, r ? f_hi : 0, r ? t1 : f_lo, S, S + (size_t)group * s->n_ctx);
+                    continue;
+                }
                 const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
                 const float *q = s->q + (size_t)i * qd + h * dh;
                 float *scores = s->scores + (size_t)tid * s->n_ctx;
@@ -438,7 +429,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                     }
                     s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
                 } else if (shared) {
-                    attend_merge(m, s, l, h, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
+                    attend_chosen(m, s, l, h, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
                     s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
                 } else if (n_sel < 0) {
                     attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
@@ -451,6 +442,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 }
             }
         }
+        if (shared) merge_parts(m, s, 3);
         if (s->stats) attn_stats_reduce(s->stats, l);
         s->t_attn += fasa_now() - t_attn0;
         if (hook_failed) return fasa_error(err, FASA_EIO, "%s", hook_err);

@@ -175,7 +175,24 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     int m = 0, nan = 0;
     const int cap = n / 4;
     int i = 0;
-#ifdef __AVX2__
+#ifdef __AVX512F__
+    /* sixteen at a time, the indices of the scores >= thr (or NaN: unordered) packed by a
+     * compress with no branch per candidate; NaN is looked for among the candidates below */
+    const __m512 wt = _mm512_set1_ps(thr);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + i), wt, _CMP_NLT_UQ);
+        if (m + 16 > cap) {
+            if (m + __builtin_popcount(k) > cap) return -1;
+            for (unsigned bits = k; bits; bits &= bits - 1) idx[m++] = i + __builtin_ctz(bits);
+            continue;
+        }
+        _mm512_storeu_si512(idx + m, _mm512_maskz_compress_epi32(k, iv));
+        m += __builtin_popcount(k);
+    }
+    for (int j = 0; j < m; j++) nan |= score[idx[j]] != score[idx[j]];
+#elif defined(__AVX2__)
     const __m256 vt = _mm256_set1_ps(thr);
     __m256 vnan = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
