@@ -93,6 +93,26 @@ static int32_t kth_key(const int32_t *v, int n, int k)
     return (int32_t)lo;
 }
 
+/* The r-th largest of v[0..n) for a small r (1 <= r <= n, r <= 64): the r largest so far kept
+ * in descending order; a value enters only when it beats the r-th, a few dozen times for r = 8
+ * of 256 random values. */
+static int32_t kth_small(const int32_t *v, int n, int r)
+{
+    int32_t best[64];
+    for (int i = 0; i < r; i++) {   /* the first r, sorted */
+        int j = i;
+        for (; j > 0 && best[j - 1] < v[i]; j--) best[j] = best[j - 1];
+        best[j] = v[i];
+    }
+    for (int i = r; i < n; i++) {
+        if (v[i] <= best[r - 1]) continue;
+        int j = r - 1;
+        for (; j > 0 && best[j - 1] < v[i]; j--) best[j] = best[j - 1];
+        best[j] = v[i];
+    }
+    return best[r - 1];
+}
+
 int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
 {
     float mn = x[0], mx = x[0];
@@ -171,7 +191,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     }
     int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
     if (r >= TSAMPLE / 4) return -1;
-    const float thr = fkey_value(kth_key(smp, TSAMPLE, r));
+    const float thr = fkey_value(kth_small(smp, TSAMPLE, r));
     int m = 0, nan = 0;
     const int cap = n / 4;
     int i = 0;
