@@ -174,15 +174,20 @@ void ops_axpy(float *y, float a, const float *x, int n)
 #define MM_PARALLEL_MIN 32768
 
 /* Bytes the decode matvec prefetches ahead of the four rows it is reading. The hardware
- * prefetcher alone left the decode sweep at 9-10 GB/s here; 1536 bytes ahead measured best
- * (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes: 12.8-14.1 / 13.2-14.8 /
- * 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads). */
+ * prefetcher alone left the decode sweep at 9-10 GB/s here. With the f32 kernels 1536 bytes
+ * ahead measured best (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes: 12.8-14.1
+ * / 13.2-14.8 / 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads); the integer kernels
+ * consume rows faster, and the sweep's median of 7 runs went 6.18 / 5.95 / 5.74 ms at 1536 /
+ * 2048 / 3072 bytes (2560: 5.73, 4 runs). */
 #ifndef MV_AHEAD
-#define MV_AHEAD 1536
+#define MV_AHEAD 2560
 #endif
 
-/* Rows of rb bytes that the streaming attention kernels prefetch ahead: about MV_AHEAD bytes. */
-#define KV_AHEAD_ROWS(rb) ((int)((MV_AHEAD + (rb) - 1) / (rb)))
+/* Bytes the streaming attention kernels prefetch ahead (tuned with MV_AHEAD's first table). */
+#ifndef KV_AHEAD
+#define KV_AHEAD 1536
+#endif
+#define KV_AHEAD_ROWS(rb) ((int)((KV_AHEAD + (rb) - 1) / (rb)))
 
 /* Starts loading the n bytes at p (non-temporal: streamed once). */
 static inline void prefetch_bytes(const void *p, size_t n)
