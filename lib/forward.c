@@ -60,7 +60,11 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
      * (KV head, part, head of the group) a partial result: max, sum, d outputs */
     const int grp = c->n_head / c->n_kv_head;
     s->dscores = malloc((size_t)s->n_threads * 2 * grp * n_ctx * sizeof(float));
-    s->tip = ko && ko->n_split ? malloc((size_t)c->n_head * n_ctx * sizeof(float)) : NULL;
+    /* TIP rows a cache line longer than the context: at a stride of n_ctx floats (128 KiB at
+     * 32k) the rows TIP writes together fell on the same cache sets, and in some processes TIP
+     * streamed at a third of the bandwidth it reaches otherwise (8k and 32k, f16, 2 threads) */
+    s->tip_ld = n_ctx + 16;
+    s->tip = ko && ko->n_split ? malloc((size_t)c->n_head * s->tip_ld * sizeof(float)) : NULL;
     s->tipq = ko && ko->n_split ? malloc((size_t)c->n_head * c->d_head * sizeof(float)) : NULL;
     s->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
     if (!s->dscores || !s->dpart || (ko && ko->n_split && (!s->tip || !s->tipq))) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
@@ -383,7 +387,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 const int g = it / P, p = it % P;
                 const int a = (int)((int64_t)p * t1 / P), b = (int)((int64_t)(p + 1) * t1 / P);
                 kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * group * ldq, group, ldq, 1.0f,
-                               s->tip + (size_t)g * group * s->n_ctx + a, s->n_ctx);
+                               s->tip + (size_t)g * group * s->tip_ld + a, s->tip_ld);
             }
         }
         if (dense_batch) {
@@ -415,7 +419,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
                 if (s->policy && pos >= s->sparse_from) {
                     policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
-                                          tip_pre ? s->tip + (size_t)h * s->n_ctx : NULL, shared };
+                                          tip_pre ? s->tip + (size_t)h * s->tip_ld : NULL, shared };
                     n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                           s->policy->o.budget, idx, &sc);
                     /* TIP's bytes: the block once per KV group when the group scored together */

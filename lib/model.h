@@ -136,7 +136,8 @@ typedef struct run_state {
     uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes read by attention (incl. selection) */
     float *krow;                 /* (d_head) a rotated key on its way into the cache */
     float *bscores;              /* (n_threads, n_batch, n_ctx) x2 with split keys: batched scores */
-    float *tip;                  /* (n_head, n_ctx) split keys: TIP scores of a decode step */
+    float *tip;                  /* (n_head, tip_ld) split keys: TIP scores of a decode step */
+    int tip_ld;                  /* n_ctx + 16 (forward.c says why) */
     float *tipq;                 /* (n_head, d_head) split keys: each head's query on its own
                                   * chunks of the block, zero elsewhere (fasa's block 2) */
     /* Another engine for the attention step (a GPU): given a query and the rows to read (idx
