@@ -145,6 +145,7 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
     float mn, mx;
     if (!topk_minmax(score, n, &mn, &mx)) return -1;
     const float scale = (HBINS - 1) / (mx - mn);
+    if (!(scale < 3e38f)) return -1;   /* a subnormal range: the bins would overflow an int */
     uint32_t hist[HBINS] = { 0 };
     for (int i = 0; i < n; i++) {
         float x = (score[i] - mn) * scale;

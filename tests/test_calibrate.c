@@ -321,8 +321,9 @@ static int key_desc(const void *a, const void *b)
 
 /* topk_indices (sampled threshold, histogram select, quickselect fallback) against a full sort:
  * smooth scores, heavy ties, a huge outlier that squeezes everything else into one bin, periodic
- * scores (every value many times over), a NaN, scores rising with the index, and signed zeros
- * (-0 ranks below +0) among a few larger values. */
+ * scores (every value many times over), a NaN, scores rising with the index, signed zeros
+ * (-0 ranks below +0) among a few larger values, and scores a few subnormals apart (the bins'
+ * scale overflows: the histogram must step aside, not index out of its array). */
 Test(calibrate, topk_indices_match_full_sort)
 {
     uint64_t r = 77;
@@ -330,7 +331,7 @@ Test(calibrate, topk_indices_match_full_sort)
         float *s = malloc(sizeof(float) * n);
         int32_t *idx = malloc(sizeof(int32_t) * n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
-        for (int kind = 0; kind < 7; kind++) {
+        for (int kind = 0; kind < 8; kind++) {
             for (int i = 0; i < n; i++)
                 s[i] = kind == 1 ? (float)(int)(sampler_rand(&r) * 50) : sampler_rand(&r) * 8 - 4;
             if (kind == 2) s[n / 2] = 1e30f;
@@ -341,6 +342,8 @@ Test(calibrate, topk_indices_match_full_sort)
                 for (int i = 0; i < n; i++) s[i] = (float)i * 1e-3f;
             if (kind == 6)
                 for (int i = 0; i < n; i++) s[i] = i % 97 == 0 ? (float)(i % 7) : sampler_rand(&r) < 0.5 ? -0.0f : 0.0f;
+            if (kind == 7)
+                for (int i = 0; i < n; i++) s[i] = ldexpf((float)(int)(sampler_rand(&r) * 5), -149);
             for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
             qsort(all, n, sizeof *all, key_desc);
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
