@@ -42,13 +42,13 @@ void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *b
     const float range = mx - mn;
     uint16_t *bin = (uint16_t *)(scratch + n);
     uint32_t hist[NBIN] = { 0 };
+    const float scale = bad ? 0 : (NBIN - 1) / range;
+    bad |= !(scale < 3e38f);   /* a subnormal range: the bin index would overflow an int */
     if (!bad) {
-        const float scale = (NBIN - 1) / range;
         for (int j = 0; j < n; j++) {
             float x = (score[j] - mn) * scale;
             bad |= x != x;
-            int b = x >= 0 ? (int)x : 0;
-            b = b < NBIN ? b : NBIN - 1;
+            const int b = x < NBIN - 1 ? (x >= 0 ? (int)x : 0) : NBIN - 1;   /* clamped as a float */
             bin[j] = (uint16_t)b;
             hist[b]++;
         }

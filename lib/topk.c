@@ -119,17 +119,24 @@ int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
     int i = 0;
 #ifdef __AVX2__
     if (n >= 8) {
-        __m256 vmn = _mm256_loadu_ps(x), vmx = vmn;
+        /* min/max return their second operand when one is NaN, which would drop the lane's
+         * extreme seen so far: NaN is tracked on its own */
+        __m256 vmn = _mm256_loadu_ps(x), vmx = vmn, vnan = _mm256_cmp_ps(vmn, vmn, _CMP_UNORD_Q);
         for (i = 8; i + 8 <= n; i += 8) {
             __m256 v = _mm256_loadu_ps(x + i);
             vmn = _mm256_min_ps(vmn, v), vmx = _mm256_max_ps(vmx, v);
+            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         }
+        if (_mm256_movemask_ps(vnan)) return 0;
         float a[8], b[8];
         _mm256_storeu_ps(a, vmn), _mm256_storeu_ps(b, vmx);
         for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
     }
 #endif
-    for (; i < n; i++) mn = x[i] < mn ? x[i] : mn, mx = x[i] > mx ? x[i] : mx;
+    for (; i < n; i++) {
+        if (x[i] != x[i]) return 0;
+        mn = x[i] < mn ? x[i] : mn, mx = x[i] > mx ? x[i] : mx;
+    }
     *mn_out = mn, *mx_out = mx;
     const float range = mx - mn;
     return range > 0 && range < 3e38f;   /* 0: NaN, infinite or all equal */
@@ -140,6 +147,11 @@ int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
  * key. Returns -1 when the scores do not spread over the bins (NaN, infinities, huge outliers such
  * as forced tokens, or one bin holding an eighth of everything): the quickselect takes over. */
 #define HBINS 1024
+static inline int hbin(float s, float mn, float scale)
+{
+    const float x = (s - mn) * scale;   /* in [0, HBINS - 1] but for rounding: clamped as a float */
+    return x < HBINS - 1 ? (int)x : HBINS - 1;
+}
 static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     float mn, mx;
@@ -147,26 +159,19 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
     const float scale = (HBINS - 1) / (mx - mn);
     if (!(scale < 3e38f)) return -1;   /* a subnormal range: the bins would overflow an int */
     uint32_t hist[HBINS] = { 0 };
-    for (int i = 0; i < n; i++) {
-        float x = (score[i] - mn) * scale;
-        if (!(x >= 0)) return -1;   /* NaN */
-        int b = (int)x;
-        hist[b < HBINS ? b : HBINS - 1]++;
-    }
+    for (int i = 0; i < n; i++) hist[hbin(score[i], mn, scale)]++;
     int B = HBINS - 1, above = 0;
     while (above + (int)hist[B] < k) above += hist[B--];
     if ((int)hist[B] > n / 8) return -1;
     int nb = 0;
     for (int i = 0; i < n; i++) {
-        int b = (int)((score[i] - mn) * scale);
-        if ((b < HBINS ? b : HBINS - 1) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
+        if (hbin(score[i], mn, scale) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
     }
     const int need = k - above;
     const uint64_t thr = kth_largest(scratch, nb, need);
     int m = 0;
     for (int i = 0; i < n; i++) {
-        int b = (int)((score[i] - mn) * scale);
-        b = b < HBINS ? b : HBINS - 1;
+        const int b = hbin(score[i], mn, scale);
         if (b > B || (b == B && topk_pack(score[i], (uint32_t)i) >= thr)) idx[m++] = i;
     }
     return m;

@@ -12,25 +12,32 @@
 #include "sampler.h"
 #include "topk.h"
 
+/* Kinds of scores: many ties (odd n) or smooth values (even n) with signed zeros; scores a few
+ * subnormals apart (the bins' scale overflows); a NaN right after a huge value in the same vector
+ * lane (a vector max that returns its NaN operand would lose the huge value, and its bin index
+ * overflow). The binned path must give the full sort's buckets or step aside, never crash. */
 Test(calibrate, buckets_match_full_sort)
 {
     uint64_t r = 3;
     const int ks[] = { 1, 4, 16, 64, 512, 2048 };
-    for (int n = 1; n < 6000; n += n < 300 ? 13 : 997) {
+    for (int n = 1; n < 6000; n += n < 300 ? 13 : 997)
+    for (int kind = 0; kind < 3; kind++) {
         float *s = malloc(sizeof(float) * n);
         uint8_t *b1 = malloc(n), *b2 = malloc(n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * (2 * n + 256));
-        for (int i = 0; i < n; i++)   /* many ties in odd n, smooth values in even n */
-            s[i] = n % 2 ? (float)(int)(sampler_rand(&r) * 20) - 10 : sampler_rand(&r) * 100 - 50;
-        if (n > 5) s[2] = -0.0f, s[3] = 0.0f;
+        for (int i = 0; i < n; i++)
+            s[i] = kind == 1 ? ldexpf((float)(int)(sampler_rand(&r) * 5), -149)
+                 : n % 2 ? (float)(int)(sampler_rand(&r) * 20) - 10 : sampler_rand(&r) * 100 - 50;
+        if (kind == 0 && n > 5) s[2] = -0.0f, s[3] = 0.0f;
+        if (kind == 2 && n > 16) s[1] = 1e30f, s[9] = NAN;
         calib_buckets(s, n, ks, 6, b1, scratch);
         calib_buckets_ref(s, n, ks, 6, b2);
-        cr_expect_eq(memcmp(b1, b2, n), 0, "n=%d", n);
+        cr_expect_eq(memcmp(b1, b2, n), 0, "n=%d kind=%d", n, kind);
         /* exactly min(K, n) tokens fall within each top-K */
         for (int b = 0; b < 6; b++) {
             int cnt = 0;
             for (int i = 0; i < n; i++) cnt += b1[i] <= b;
-            cr_expect_eq(cnt, ks[b] < n ? ks[b] : n, "n=%d K=%d", n, ks[b]);
+            cr_expect_eq(cnt, ks[b] < n ? ks[b] : n, "n=%d kind=%d K=%d", n, kind, ks[b]);
         }
         free(s); free(b1); free(b2); free(scratch);
     }
@@ -322,8 +329,9 @@ static int key_desc(const void *a, const void *b)
 /* topk_indices (sampled threshold, histogram select, quickselect fallback) against a full sort:
  * smooth scores, heavy ties, a huge outlier that squeezes everything else into one bin, periodic
  * scores (every value many times over), a NaN, scores rising with the index, signed zeros
- * (-0 ranks below +0) among a few larger values, and scores a few subnormals apart (the bins'
- * scale overflows: the histogram must step aside, not index out of its array). */
+ * (-0 ranks below +0) among a few larger values, scores a few subnormals apart (the bins'
+ * scale overflows: the histogram must step aside, not index out of its array), and a NaN right
+ * after a huge value in the same vector lane (the lane's max must not lose the huge value). */
 Test(calibrate, topk_indices_match_full_sort)
 {
     uint64_t r = 77;
@@ -331,7 +339,7 @@ Test(calibrate, topk_indices_match_full_sort)
         float *s = malloc(sizeof(float) * n);
         int32_t *idx = malloc(sizeof(int32_t) * n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
-        for (int kind = 0; kind < 8; kind++) {
+        for (int kind = 0; kind < 9; kind++) {
             for (int i = 0; i < n; i++)
                 s[i] = kind == 1 ? (float)(int)(sampler_rand(&r) * 50) : sampler_rand(&r) * 8 - 4;
             if (kind == 2) s[n / 2] = 1e30f;
@@ -344,6 +352,7 @@ Test(calibrate, topk_indices_match_full_sort)
                 for (int i = 0; i < n; i++) s[i] = i % 97 == 0 ? (float)(i % 7) : sampler_rand(&r) < 0.5 ? -0.0f : 0.0f;
             if (kind == 7)
                 for (int i = 0; i < n; i++) s[i] = ldexpf((float)(int)(sampler_rand(&r) * 5), -149);
+            if (kind == 8) s[1] = 1e30f, s[9] = NAN;
             for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
             qsort(all, n, sizeof *all, key_desc);
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
