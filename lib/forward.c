@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "model.h"
+#include "topk.h"
 
 #define DECODE_PARTS 8   /* most parts one decode query's keys are cut into */
 
@@ -67,7 +68,8 @@ run_state *run_state_new_kv(const model *m, int n_ctx, int n_batch, const kv_opt
     s->tip = ko && ko->n_split ? malloc((size_t)c->n_head * s->tip_ld * sizeof(float)) : NULL;
     s->tipq = ko && ko->n_split ? malloc((size_t)c->n_head * c->d_head * sizeof(float)) : NULL;
     s->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
-    if (!s->dscores || !s->dpart || (ko && ko->n_split && (!s->tip || !s->tipq))) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
+    s->cand_n = malloc((size_t)c->n_head * s->n_threads * sizeof(int));
+    if (!s->dscores || !s->dpart || !s->cand_n || (ko && ko->n_split && (!s->tip || !s->tipq))) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (n_batch > 1 && !s->bscores) { run_state_free(s); fasa_error(err, FASA_ENOMEM, "out of memory for a run state of %d tokens", n_ctx); return NULL; }
     if (!s->krow || !s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->ffa || !s->ffb ||
         !s->scores || !s->logits || !s->sel_idx || !s->sel_score || !s->sel_keys || !s->bytes_kv) {
@@ -89,6 +91,7 @@ void run_state_free(run_state *s)
     free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out);
     free(s->ffa); free(s->ffb); free(s->scores); free(s->logits);
     free(s->sel_idx); free(s->sel_score); free(s->sel_keys); free(s->bytes_kv); free(s->krow); free(s->bscores); free(s->dscores); free(s->dpart); free(s->tip); free(s->tipq);
+    free(s->cand); free(s->cand_n);
     free(s);
 }
 
@@ -290,6 +293,86 @@ static uint64_t select_bytes(const policy *p, int t, int d, int ns, size_t esz)
     }
 }
 
+/* FASA decode with forced rows (sinks, recent window), layer l, in one parallel region. TIP's
+ * work, the G groups' rows between the forced ones (lo..hi), is cut into equal shares, one per
+ * thread, at cache lines of the score rows: a thread scores its rows (the heads of a group in one
+ * pass over the dominant block) and picks each head's best `mid` among them. A head whose row one
+ * thread scored whole is thereby selected; the others (a group cut between threads) take, after
+ * a barrier, the best mid of the threads' picks, which is the best mid of the row: the same set as
+ * one selection over it. Then each head attends to its rows, beside the group's forced rows.
+ * A thread reads only TIP scores it wrote: when the two cores sit on different dies (this
+ * machine's do, in some minutes), handing 300 KB of scores per layer from one core to the other
+ * made TIP 2.5x slower (8k, f16: 2.3-2.5 ms per token against 0.9-1.0, the cores a measured
+ * 160-200 ns apart instead of 27-50).
+ * s->cand holds, per (thread, head), mid packed keys (topk_pack) or, when the thread scored the
+ * whole row, the head's indices (int32, ascending); s->cand_n their count, -1 - count for the latter. */
+static int tip_cut(int t, int nt, int G, int lo, int hi)
+{
+    const int L = hi - lo;
+    const int64_t p = (int64_t)t * G * L / nt;
+    const int g = (int)(p / L);
+    int r = (lo + (int)(p % L)) & ~15;
+    return g * L + (r < lo ? 0 : r - lo);
+}
+
+static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq)
+{
+    const model_config *c = &m->cfg;
+    const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, t1 = s->n_past + 1, L = hi - lo;
+    const size_t esz = kvcache_esz(&s->kv);
+#pragma omp parallel num_threads(ops_threads())
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
+        uint64_t *keys = s->sel_keys + (size_t)tid * s->n_ctx;
+        int *cn = s->cand_n + (size_t)tid * H;
+        for (int h = 0; h < H; h++) cn[h] = 0;
+        const int p0 = tip_cut(tid, nt, G, lo, hi), p1 = tid == nt - 1 ? G * L : tip_cut(tid + 1, nt, G, lo, hi);
+        for (int g = p0 / L; g < G && g * L < p1; g++) {
+            const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
+            if (b <= a) continue;
+            kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f,
+                           s->tip + (size_t)g * grp * s->tip_ld + a, s->tip_ld);
+            s->bytes_kv[8 * tid] += select_bytes(s->policy, b - a, dh, s->kv.n_split, esz);
+            for (int h = g * grp; h < (g + 1) * grp; h++) {
+                const float *row = s->tip + (size_t)h * s->tip_ld + a;
+                uint64_t *cand = s->cand + ((size_t)tid * H + h) * mid;
+                const int n = topk_indices(row, b - a, mid, idx, keys);
+                if (a == lo && b == hi) {   /* the whole row: these are the head's rows */
+                    int32_t *out = (int32_t *)cand;
+                    for (int j = 0; j < n; j++) out[j] = lo + idx[j];
+                    cn[h] = -1 - n;
+                } else {
+                    for (int j = 0; j < n; j++) cand[j] = topk_pack(row[idx[j]], (uint32_t)(a + idx[j]));
+                    cn[h] = n;
+                }
+            }
+        }
+#pragma omp barrier
+        /* the heads, then the group's forced rows (smaller items even out the threads' shares) */
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < H + 2 * G; it++) {
+            float *S = s->dscores + (size_t)tid * 2 * grp * s->n_ctx;
+            if (it >= H) {
+                const int g = (it - H) / 2, r = (it - H) % 2;
+                attend_rows(m, s, l, g, r, r ? hi : 0, r ? t1 : lo, S, S + (size_t)grp * s->n_ctx);
+                continue;
+            }
+            const int32_t *rows = idx;
+            int n = 0, k = -1;
+            for (int i = 0; i < nt && k < 0; i++) {
+                const int ni = s->cand_n[(size_t)i * H + it];
+                const uint64_t *cand = s->cand + ((size_t)i * H + it) * mid;
+                if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
+                else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
+            }
+            if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
+            attend_chosen(m, s, l, it, rows, k, s->scores + (size_t)tid * s->n_ctx, s->sel_score + (size_t)tid * s->n_ctx);
+            s->bytes_kv[8 * tid] += (uint64_t)k * 2 * dh * esz;
+        }
+    }
+}
+
 int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
                   char *err)
 {
@@ -380,7 +463,17 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
          * attended once per group beside TIP, each head then gathers only its chosen rows */
         int f_lo = 0, f_hi = 0;
         const int shared = tip_pre && !s->stats && !s->obs && policy_forced(&s->policy->o, t1, s->policy->o.budget, &f_lo, &f_hi);
-        if (tip_pre) {
+        /* the usual case, in one region: each thread selects from the TIP scores it wrote */
+        const int mid = shared ? s->policy->o.budget - f_lo - (t1 - f_hi) : 0;
+        const size_t n_cand = (size_t)H * ops_threads() * mid;
+        int fused = shared && f_hi > f_lo && mid > 0 && (size_t)ops_threads() * mid <= (size_t)s->n_ctx;
+        if (fused && n_cand > s->cand_cap) {
+            uint64_t *p = realloc(s->cand, n_cand * sizeof *p);
+            if (p) s->cand = p, s->cand_cap = n_cand;
+            else fused = 0;   /* the split path below needs no more memory */
+        }
+        if (fused) decode_fasa(m, s, l, f_lo, f_hi, mid, tq, ldq);
+        if (tip_pre && !fused) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
             for (int it = 0; it < G * P; it++) {
@@ -399,7 +492,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 float *S = s->bscores + (size_t)tid * blk * (s->kv.n_split ? 2 : 1);
                 attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
             }
-        } else if (!dense_decode) {
+        } else if (!dense_decode && !fused) {
             /* with forced rows shared, the group's forced-row items follow the heads': smaller,
              * they even out the threads' shares */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())

@@ -148,6 +148,10 @@ typedef struct run_state {
                        const int32_t *idx, int n, float *out, char *err);
     void *attend_ctx;
     float *dscores, *dpart;      /* decode attention split along the sequence: scores, partials */
+    uint64_t *cand;              /* (threads, n_head, budget) FASA decode: each thread's picks per
+                                  * head (forward.c: decode_fasa) */
+    size_t cand_cap;
+    int *cand_n;                 /* (n_threads, n_head) how many */
     double t_attn;               /* seconds in attention (cache writes, selection, softmax) */
 } run_state;
 

@@ -253,7 +253,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
-    if (n >= 4096 && k <= n / 16) {
+    if (n >= 1024 && k <= n / 8) {   /* (it gives up early when its sample cannot resolve k) */
         int m = topk_sampled(score, n, k, idx, scratch);
         if (m >= 0) return m;
     }
@@ -262,14 +262,20 @@ int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scrat
         if (m >= 0) return m;
     }
     for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i);
-    topk_select(scratch, n, k);
-    for (int j = 0; j < k; j++) idx[j] = (int32_t)topk_index(scratch[j]);
-    /* ascending order through a bitmap in the (now free) scratch: O(n/64 + k), no sort */
-    const int words = (n + 63) / 64;
-    memset(scratch, 0, sizeof *scratch * words);
-    for (int j = 0; j < k; j++) scratch[idx[j] >> 6] |= 1ull << (idx[j] & 63);
+    return topk_keys(scratch, n, k, n, idx);
+}
+
+int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx)
+{
+    if (k > n) k = n;
+    topk_select(key, n, k);
+    for (int j = 0; j < k; j++) idx[j] = (int32_t)topk_index(key[j]);
+    /* ascending order through a bitmap in the (now free) keys: O(n_index/64 + k), no sort */
+    const int words = (n_index + 63) / 64;
+    memset(key, 0, sizeof *key * words);
+    for (int j = 0; j < k; j++) key[idx[j] >> 6] |= 1ull << (idx[j] & 63);
     int m = 0;
     for (int w = 0; w < words; w++)
-        for (uint64_t bits = scratch[w]; bits; bits &= bits - 1) idx[m++] = w * 64 + __builtin_ctzll(bits);
+        for (uint64_t bits = key[w]; bits; bits &= bits - 1) idx[m++] = w * 64 + __builtin_ctzll(bits);
     return k;
 }
