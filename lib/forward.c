@@ -315,10 +315,37 @@ static int tip_cut(int t, int nt, int G, int lo, int hi)
     return g * L + (r < lo ? 0 : r - lo);
 }
 
+/* Item it of decode_fasa's second half: head it (it < n_head) takes its rows and attends to
+ * them; item n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
+static void decode_fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int nt)
+{
+    const model_config *c = &m->cfg;
+    const int H = c->n_head, grp = H / c->n_kv_head, t1 = s->n_past + 1, tid = omp_get_thread_num();
+    float *S = s->dscores + (size_t)tid * 2 * grp * s->n_ctx;
+    if (it >= H) {
+        const int g = (it - H) / 2, r = (it - H) % 2;
+        attend_rows(m, s, l, g, r, r ? hi : 0, r ? t1 : lo, S, S + (size_t)grp * s->n_ctx);
+        return;
+    }
+    int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
+    uint64_t *keys = s->sel_keys + (size_t)tid * s->n_ctx;
+    const int32_t *rows = idx;
+    int n = 0, k = -1;
+    for (int i = 0; i < nt && k < 0; i++) {
+        const int ni = s->cand_n[(size_t)i * H + it];
+        const uint64_t *cand = s->cand + ((size_t)i * H + it) * mid;
+        if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
+        else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
+    }
+    if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
+    attend_chosen(m, s, l, it, rows, k, s->scores + (size_t)tid * s->n_ctx, s->sel_score + (size_t)tid * s->n_ctx);
+    s->bytes_kv[8 * tid] += (uint64_t)k * 2 * c->d_head * kvcache_esz(&s->kv);
+}
+
 static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq)
 {
     const model_config *c = &m->cfg;
-    const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, t1 = s->n_past + 1, L = hi - lo;
+    const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, L = hi - lo;
     const size_t esz = kvcache_esz(&s->kv);
 #pragma omp parallel num_threads(ops_threads())
     {
@@ -349,27 +376,34 @@ static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int
             }
         }
 #pragma omp barrier
-        /* the heads, then the group's forced rows (smaller items even out the threads' shares) */
+        /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
+         * here (its picks are in this core's cache), the rest go in turn to the least loaded
+         * thread (a group's sinks count a tenth of a head), a plan every thread computes alike */
+        int cut[65];
+        float load[64] = { 0 };
+        for (int i = 0; i <= nt && nt <= 64; i++) cut[i] = i == nt ? G * L : tip_cut(i, nt, G, lo, hi);
+        for (int pass = 0; pass < 2 && nt <= 64; pass++)
+            for (int it = 0; it < H + 2 * G; it++) {
+                int owner = -1;
+                if (it < H) {
+                    const int g = it / grp;
+                    for (int i = 0; i < nt; i++)
+                        if (cut[i] <= g * L && cut[i + 1] >= (g + 1) * L) owner = i;
+                }
+                if (pass == 0) {
+                    if (owner >= 0) load[owner] += 1;
+                    continue;
+                }
+                if (owner < 0) {
+                    owner = 0;
+                    for (int i = 1; i < nt; i++) owner = load[i] < load[owner] ? i : owner;
+                    load[owner] += it >= H && (it - H) % 2 == 0 ? 0.1f : 1;
+                }
+                if (owner == tid) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
+            }
+        if (nt > 64)
 #pragma omp for schedule(dynamic, 1)
-        for (int it = 0; it < H + 2 * G; it++) {
-            float *S = s->dscores + (size_t)tid * 2 * grp * s->n_ctx;
-            if (it >= H) {
-                const int g = (it - H) / 2, r = (it - H) % 2;
-                attend_rows(m, s, l, g, r, r ? hi : 0, r ? t1 : lo, S, S + (size_t)grp * s->n_ctx);
-                continue;
-            }
-            const int32_t *rows = idx;
-            int n = 0, k = -1;
-            for (int i = 0; i < nt && k < 0; i++) {
-                const int ni = s->cand_n[(size_t)i * H + it];
-                const uint64_t *cand = s->cand + ((size_t)i * H + it) * mid;
-                if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
-                else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
-            }
-            if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
-            attend_chosen(m, s, l, it, rows, k, s->scores + (size_t)tid * s->n_ctx, s->sel_score + (size_t)tid * s->n_ctx);
-            s->bytes_kv[8 * tid] += (uint64_t)k * 2 * dh * esz;
-        }
+            for (int it = 0; it < H + 2 * G; it++) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
     }
 }
 
