@@ -377,33 +377,35 @@ static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int
         }
 #pragma omp barrier
         /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
-         * here (its picks are in this core's cache), the rest go in turn to the least loaded
-         * thread (a group's sinks count a tenth of a head), a plan every thread computes alike */
-        int cut[65];
-        float load[64] = { 0 };
-        for (int i = 0; i <= nt && nt <= 64; i++) cut[i] = i == nt ? G * L : tip_cut(i, nt, G, lo, hi);
-        for (int pass = 0; pass < 2 && nt <= 64; pass++)
-            for (int it = 0; it < H + 2 * G; it++) {
+         * here (its picks are in this core's cache); the rest, the recent windows first and the
+         * sinks last, go to whichever thread is free */
+        int rest[256], n_rest = 0;
+        for (int it = 0; it < H + 2 * G && H + 2 * G <= 256; it++) {
+            const int g = it < H ? it / grp : (it - H) / 2;
+            if (it < H) {
                 int owner = -1;
-                if (it < H) {
-                    const int g = it / grp;
-                    for (int i = 0; i < nt; i++)
-                        if (cut[i] <= g * L && cut[i + 1] >= (g + 1) * L) owner = i;
-                }
-                if (pass == 0) {
-                    if (owner >= 0) load[owner] += 1;
-                    continue;
-                }
-                if (owner < 0) {
-                    owner = 0;
-                    for (int i = 1; i < nt; i++) owner = load[i] < load[owner] ? i : owner;
-                    load[owner] += it >= H && (it - H) % 2 == 0 ? 0.1f : 1;
+                for (int i = 0; i < nt; i++) {
+                    const int p0 = tip_cut(i, nt, G, lo, hi), p1 = i == nt - 1 ? G * L : tip_cut(i + 1, nt, G, lo, hi);
+                    if (p0 <= g * L && p1 >= (g + 1) * L) owner = i;
                 }
                 if (owner == tid) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
+                if (owner >= 0) continue;
             }
-        if (nt > 64)
-#pragma omp for schedule(dynamic, 1)
+            rest[n_rest++] = it;
+        }
+        if (H + 2 * G <= 256) {
+            int order[256], n = 0;   /* recent windows, cut heads, sinks */
+            for (int pass = 0; pass < 3; pass++)
+                for (int j = 0; j < n_rest; j++) {
+                    const int it = rest[j], kind = it < H ? 1 : (it - H) % 2 ? 0 : 2;
+                    if (kind == pass) order[n++] = it;
+                }
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int j = 0; j < n; j++) decode_fasa_item(m, s, l, order[j], lo, hi, mid, nt);
+        } else {
+#pragma omp for schedule(dynamic, 1) nowait
             for (int it = 0; it < H + 2 * G; it++) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
+        }
     }
 }
 
