@@ -195,6 +195,8 @@ static inline void prefetch_bytes(const void *p, size_t n)
     for (size_t o = 0; o < n; o += 64) __builtin_prefetch((const char *)p + o, 0, 0);
 }
 
+struct xq;   /* x rounded to int16 per block, for the integer kernels (defined with them, AVX2 only) */
+
 #ifdef OPS_AVX2
 /* eight values of a row from column c, widened from f16 by F16C when h16 */
 #define KV_LOAD8(row, c, h16)                                                                   \
