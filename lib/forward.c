@@ -342,12 +342,13 @@ static void decode_fasa_item(const model *m, run_state *s, int l, int it, int lo
     s->bytes_kv[8 * tid] += (uint64_t)k * 2 * c->d_head * kvcache_esz(&s->kv);
 }
 
-static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq)
+static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq,
+                        int threads)
 {
     const model_config *c = &m->cfg;
     const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, L = hi - lo;
     const size_t esz = kvcache_esz(&s->kv);
-#pragma omp parallel num_threads(ops_threads())
+#pragma omp parallel num_threads(threads)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
         int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
@@ -501,14 +502,15 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         const int shared = tip_pre && !s->stats && !s->obs && policy_forced(&s->policy->o, t1, s->policy->o.budget, &f_lo, &f_hi);
         /* the usual case, in one region: each thread selects from the TIP scores it wrote */
         const int mid = shared ? s->policy->o.budget - f_lo - (t1 - f_hi) : 0;
-        const size_t n_cand = (size_t)H * ops_threads() * mid;
-        int fused = shared && f_hi > f_lo && mid > 0 && (size_t)ops_threads() * mid <= (size_t)s->n_ctx;
+        const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;   /* per-thread scratch */
+        const size_t n_cand = (size_t)H * threads * mid;
+        int fused = shared && f_hi > f_lo && mid > 0 && (size_t)threads * mid <= (size_t)s->n_ctx;
         if (fused && n_cand > s->cand_cap) {
             uint64_t *p = realloc(s->cand, n_cand * sizeof *p);
             if (p) s->cand = p, s->cand_cap = n_cand;
             else fused = 0;   /* the split path below needs no more memory */
         }
-        if (fused) decode_fasa(m, s, l, f_lo, f_hi, mid, tq, ldq);
+        if (fused) decode_fasa(m, s, l, f_lo, f_hi, mid, tq, ldq, threads);
         if (tip_pre && !fused) {
             const int P = decode_parts(t1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
