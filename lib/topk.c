@@ -83,7 +83,18 @@ static int count_ge(const int32_t *v, int n, int32_t t)
 static int32_t kth_key(const int32_t *v, int n, int k)
 {
     int32_t mn = v[0], mx = v[0];
-    for (int i = 1; i < n; i++) mn = v[i] < mn ? v[i] : mn, mx = v[i] > mx ? v[i] : mx;
+    int i = 0;
+#ifdef __AVX2__
+    __m256i vmn = _mm256_set1_epi32(mn), vmx = vmn;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(v + i));
+        vmn = _mm256_min_epi32(vmn, x), vmx = _mm256_max_epi32(vmx, x);
+    }
+    int32_t a[8], b[8];
+    _mm256_storeu_si256((__m256i *)a, vmn), _mm256_storeu_si256((__m256i *)b, vmx);
+    for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
+#endif
+    for (; i < n; i++) mn = v[i] < mn ? v[i] : mn, mx = v[i] > mx ? v[i] : mx;
     int64_t lo = mn, hi = mx;   /* count_ge(lo) >= k throughout */
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
