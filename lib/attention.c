@@ -232,11 +232,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     int lo, hi;
     const int room = policy_forced(o, t, budget, &lo, &hi), recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
     if (o->kind != POLICY_STREAM && room) {
-        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + (sc->middle ? 0 : lo), sc->sel);
-        if (sc->middle) {
-            for (int j = 0; j < m; j++) idx[j] += lo;
-            return m;
-        }
+        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
         for (int i = 0; i < lo; i++) idx[i] = i;
         for (int j = lo; j < lo + m; j++) idx[j] += lo;
         for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;

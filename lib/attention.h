@@ -73,7 +73,6 @@ typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
-    int middle;              /* when policy_forced holds: only the tokens chosen among [lo, hi) */
 } policy_scratch;
 
 /* The tokens a selection of `budget` among t forces in: attention sinks [0, *lo) and the recent

@@ -315,6 +315,25 @@ static int tip_cut(int t, int nt, int G, int lo, int hi)
     return g * L + (r < lo ? 0 : r - lo);
 }
 
+/* Thread t's share [*p0, *p1) of the G rows of L = hi - lo tokens laid end to end. */
+static void tip_share(int t, int nt, int G, int lo, int hi, int *p0, int *p1)
+{
+    *p0 = tip_cut(t, nt, G, lo, hi);
+    *p1 = t == nt - 1 ? G * (hi - lo) : tip_cut(t + 1, nt, G, lo, hi);
+}
+
+/* The thread whose share holds group g's row whole, or -1 when the row is cut between threads. */
+static int tip_owner(int g, int nt, int G, int lo, int hi)
+{
+    const int L = hi - lo;
+    for (int t = 0; t < nt; t++) {
+        int p0, p1;
+        tip_share(t, nt, G, lo, hi, &p0, &p1);
+        if (p0 <= g * L && p1 >= (g + 1) * L) return t;
+    }
+    return -1;
+}
+
 /* Item it of decode_fasa's second half: head it (it < n_head) takes its rows and attends to
  * them; item n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
 static void decode_fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int nt)
@@ -355,7 +374,8 @@ static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int
         uint64_t *keys = s->sel_keys + (size_t)tid * s->n_ctx;
         int *cn = s->cand_n + (size_t)tid * H;
         for (int h = 0; h < H; h++) cn[h] = 0;
-        const int p0 = tip_cut(tid, nt, G, lo, hi), p1 = tid == nt - 1 ? G * L : tip_cut(tid + 1, nt, G, lo, hi);
+        int p0, p1;
+        tip_share(tid, nt, G, lo, hi, &p0, &p1);
         for (int g = p0 / L; g < G && g * L < p1; g++) {
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
             if (b <= a) continue;
@@ -378,36 +398,17 @@ static void decode_fasa(const model *m, run_state *s, int l, int lo, int hi, int
         }
 #pragma omp barrier
         /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
-         * here (its picks are in this core's cache); the rest, the recent windows first and the
-         * sinks last, go to whichever thread is free */
-        int rest[256], n_rest = 0;
-        for (int it = 0; it < H + 2 * G && H + 2 * G <= 256; it++) {
-            const int g = it < H ? it / grp : (it - H) / 2;
-            if (it < H) {
-                int owner = -1;
-                for (int i = 0; i < nt; i++) {
-                    const int p0 = tip_cut(i, nt, G, lo, hi), p1 = i == nt - 1 ? G * L : tip_cut(i + 1, nt, G, lo, hi);
-                    if (p0 <= g * L && p1 >= (g + 1) * L) owner = i;
-                }
-                if (owner == tid) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
-                if (owner >= 0) continue;
-            }
-            rest[n_rest++] = it;
-        }
-        if (H + 2 * G <= 256) {
-            int order[256], n = 0;   /* recent windows, cut heads, sinks */
-            for (int pass = 0; pass < 3; pass++)
-                for (int j = 0; j < n_rest; j++) {
-                    const int it = rest[j], kind = it < H ? 1 : (it - H) % 2 ? 0 : 2;
-                    if (kind == pass) order[n++] = it;
-                }
+         * here (its picks are in this core's cache); the rest, the recent windows first, then the
+         * cut heads, the sinks last, go to whichever thread is free */
+        for (int h = 0; h < H; h++)
+            if (cn[h] < 0) decode_fasa_item(m, s, l, h, lo, hi, mid, nt);
 #pragma omp for schedule(dynamic, 1) nowait
-            for (int j = 0; j < n; j++) decode_fasa_item(m, s, l, order[j], lo, hi, mid, nt);
-        } else {
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int it = 0; it < H + 2 * G; it++) decode_fasa_item(m, s, l, it, lo, hi, mid, nt);
+        for (int j = 0; j < G + H + G; j++) {
+            if (j >= G && j < G + H && tip_owner((j - G) / grp, nt, G, lo, hi) >= 0) continue;
+            decode_fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, nt);
         }
     }
+    merge_parts(m, s, 3);
 }
 
 int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
@@ -496,19 +497,19 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             tq = s->tipq;
         }
         const int ldq = tq == s->q ? dh : ns;
-        /* the forced tokens (sinks, recent window) are the same rows for every head of a group:
-         * attended once per group beside TIP, each head then gathers only its chosen rows */
+        /* the usual case, in one region (decode_fasa): the forced tokens (sinks, recent window)
+         * are the same rows for every head of a group, attended once per group, and each thread
+         * selects from the TIP scores it wrote */
         int f_lo = 0, f_hi = 0;
         const int shared = tip_pre && !s->stats && !s->obs && policy_forced(&s->policy->o, t1, s->policy->o.budget, &f_lo, &f_hi);
-        /* the usual case, in one region: each thread selects from the TIP scores it wrote */
         const int mid = shared ? s->policy->o.budget - f_lo - (t1 - f_hi) : 0;
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;   /* per-thread scratch */
         const size_t n_cand = (size_t)H * threads * mid;
-        int fused = shared && f_hi > f_lo && mid > 0 && (size_t)threads * mid <= (size_t)s->n_ctx;
+        int fused = shared && f_hi > f_lo && (size_t)threads * mid <= (size_t)s->n_ctx;
         if (fused && n_cand > s->cand_cap) {
             uint64_t *p = realloc(s->cand, n_cand * sizeof *p);
             if (p) s->cand = p, s->cand_cap = n_cand;
-            else fused = 0;   /* the split path below needs no more memory */
+            else fused = 0;   /* the per-head path below needs no more memory */
         }
         if (fused) decode_fasa(m, s, l, f_lo, f_hi, mid, tq, ldq, threads);
         if (tip_pre && !fused) {
@@ -531,16 +532,8 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves, S, S + blk);
             }
         } else if (!dense_decode && !fused) {
-            /* with forced rows shared, the group's forced-row items follow the heads': smaller,
-             * they even out the threads' shares */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
-            for (int ih = 0; ih < n * H + (shared ? 2 * G : 0); ih++) {
-                if (ih >= n * H) {
-                    const int g = (ih - n * H) / 2, r = (ih - n * H) % 2, tid = omp_get_thread_num();
-                    float *S = s->dscores + (size_t)tid * 2 * group * s->n_ctx;
-                    attend_rows(m, s, l, g, r, r ? f_hi : 0, r ? t1 : f_lo, S, S + (size_t)group * s->n_ctx);
-                    continue;
-                }
+            for (int ih = 0; ih < n * H; ih++) {
                 const int i = ih / H, h = ih % H, g = h / group, pos = s->n_past + i, tid = omp_get_thread_num();
                 const float *q = s->q + (size_t)i * qd + h * dh;
                 float *scores = s->scores + (size_t)tid * s->n_ctx;
@@ -550,7 +543,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 int32_t *idx = s->sel_idx + (size_t)tid * s->n_ctx;
                 if (s->policy && pos >= s->sparse_from) {
                     policy_scratch sc = { s->sel_score + (size_t)tid * s->n_ctx, s->sel_keys + (size_t)tid * s->n_ctx,
-                                          tip_pre ? s->tip + (size_t)h * s->tip_ld : NULL, shared };
+                                          tip_pre ? s->tip + (size_t)h * s->tip_ld : NULL };
                     n_sel = policy_select(s->policy, s, s->stats, l, h, pos, s->q + (size_t)i * qd,
                                           s->policy->o.budget, idx, &sc);
                     /* TIP's bytes: the block once per KV group when the group scored together */
@@ -563,9 +556,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                         if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
                     }
                     s->bytes_kv[8 * tid] += (uint64_t)(n_sel < 0 ? pos + 1 : n_sel) * 2 * dh * kvcache_esz(&s->kv);
-                } else if (shared) {
-                    attend_chosen(m, s, l, h, idx, n_sel, scores, s->sel_score + (size_t)tid * s->n_ctx);
-                    s->bytes_kv[8 * tid] += (uint64_t)n_sel * 2 * dh * kvcache_esz(&s->kv);
                 } else if (n_sel < 0) {
                     attend(out, q, &s->kv, l, g, NULL, pos + 1, scores, s->sel_score + (size_t)tid * s->n_ctx);
                     s->bytes_kv[8 * tid] += (uint64_t)(pos + 1) * 2 * dh * kvcache_esz(&s->kv);
@@ -577,7 +567,6 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
                 }
             }
         }
-        if (shared) merge_parts(m, s, 3);
         if (s->stats) attn_stats_reduce(s->stats, l);
         s->t_attn += fasa_now() - t_attn0;
         if (hook_failed) return fasa_error(err, FASA_EIO, "%s", hook_err);
