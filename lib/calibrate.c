@@ -42,18 +42,15 @@ void calib_buckets(const float *score, int n, const int *ks, int n_k, uint8_t *b
     const float range = mx - mn;
     uint16_t *bin = (uint16_t *)(scratch + n);
     uint32_t hist[NBIN] = { 0 };
-    const float scale = bad ? 0 : (NBIN - 1) / range;
-    bad |= !(scale < 3e38f);   /* a subnormal range: the bin index would overflow an int */
     if (!bad) {
+        const float scale = (NBIN - 1) / range;
         for (int j = 0; j < n; j++) {
-            float x = (score[j] - mn) * scale;
-            bad |= x != x;
-            const int b = x < NBIN - 1 ? (x >= 0 ? (int)x : 0) : NBIN - 1;   /* clamped as a float */
+            const int b = topk_bin(score[j], mn, scale, NBIN);
             bin[j] = (uint16_t)b;
             hist[b]++;
         }
     }
-    if (bad) {   /* tiny, flat, infinite or NaN scores: the exact quickselects */
+    if (bad) {   /* few, flat, infinite, NaN or too close scores: the exact quickselects */
         for (int j = 0; j < n; j++) bucket[j] = (uint8_t)n_k;
         for (int j = 0; j < n; j++) scratch[j] = topk_pack(score[j], (uint32_t)j);
         buckets_select(scratch, n, ks, n_k, bucket);

@@ -158,31 +158,25 @@ int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
  * key. Returns -1 when the scores do not spread over the bins (NaN, infinities, huge outliers such
  * as forced tokens, or one bin holding an eighth of everything): the quickselect takes over. */
 #define HBINS 1024
-static inline int hbin(float s, float mn, float scale)
-{
-    const float x = (s - mn) * scale;   /* in [0, HBINS - 1] but for rounding: clamped as a float */
-    return x < HBINS - 1 ? (int)x : HBINS - 1;
-}
 static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     float mn, mx;
     if (!topk_minmax(score, n, &mn, &mx)) return -1;
     const float scale = (HBINS - 1) / (mx - mn);
-    if (!(scale < 3e38f)) return -1;   /* a subnormal range: the bins would overflow an int */
     uint32_t hist[HBINS] = { 0 };
-    for (int i = 0; i < n; i++) hist[hbin(score[i], mn, scale)]++;
+    for (int i = 0; i < n; i++) hist[topk_bin(score[i], mn, scale, HBINS)]++;
     int B = HBINS - 1, above = 0;
     while (above + (int)hist[B] < k) above += hist[B--];
     if ((int)hist[B] > n / 8) return -1;
     int nb = 0;
     for (int i = 0; i < n; i++) {
-        if (hbin(score[i], mn, scale) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
+        if (topk_bin(score[i], mn, scale, HBINS) == B) scratch[nb++] = topk_pack(score[i], (uint32_t)i);
     }
     const int need = k - above;
     const uint64_t thr = kth_largest(scratch, nb, need);
     int m = 0;
     for (int i = 0; i < n; i++) {
-        const int b = hbin(score[i], mn, scale);
+        const int b = topk_bin(score[i], mn, scale, HBINS);
         if (b > B || (b == B && topk_pack(score[i], (uint32_t)i) >= thr)) idx[m++] = i;
     }
     return m;

@@ -21,8 +21,18 @@ static inline uint32_t topk_index(uint64_t key) { return ~(uint32_t)key; }
 /* Afterwards a[0..k) hold the k largest keys of a[0..n), in no particular order. */
 void topk_select(uint64_t *a, int n, int k);
 
-/* Smallest and largest of x[0..n); returns 1 when their difference is finite and positive. */
+/* Smallest and largest of x[0..n); returns 1 when there is no NaN and their difference is finite
+ * and positive. */
 int topk_minmax(const float *x, int n, float *mn, float *mx);
+
+/* The bin of s >= mn among nbins over [mn, mn + (nbins - 1) / scale], clamped as a float before
+ * the conversion: neither rounding nor a scale that overflowed (a subnormal range; then everything
+ * lands in the last bin) can index past the last bin. */
+static inline int topk_bin(float s, float mn, float scale, int nbins)
+{
+    const float x = (s - mn) * scale;
+    return x < nbins - 1 ? (int)x : nbins - 1;
+}
 
 /* The min(k, n) best of n scores, as ascending indices. Returns the count. */
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch);
