@@ -317,8 +317,9 @@ static float rowdot_q4_0(const uint8_t *b, const xq *x, int64_t nb)
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (int64_t i = 0; i < nb; i++, b += 18) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
-        accm += f16_scalar(b) * x->xs[i];
+        const float d = f16_scalar(b);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x->sx[i]), q4_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
+        accm += d * x->xs[i];
     }
     return hsum256(acc) - 8 * accm;
 }
