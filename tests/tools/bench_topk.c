@@ -1,0 +1,54 @@
+/* bench_topk - times topk_indices, one selection of K among N scores as FASA decode makes them
+ * (N: an 8k cache's row between the forced tokens, and its half and quarter as threads cut it).
+ * Not part of the suite.
+ *
+ *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib tests/tools/bench_topk.c \
+ *       build/libfasa.a -lm -o bin/bench_topk
+ *   bin/bench_topk [K]        (default 124: budget 256 less 4 sinks and 128 recent tokens)
+ *
+ * Scores are normal with a spread of 3, like TIP's; the best of 20 rounds of 1000 calls. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "topk.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    const int k = argc > 1 ? atoi(argv[1]) : 124, sizes[] = { 8060, 4030, 2015 };
+    if (k < 1 || k > 2015) {
+        fprintf(stderr, "bench_topk: K must be 1..2015, not '%s'\n", argv[1]);
+        return 2;
+    }
+    float *s = malloc(sizeof(float) * 8060);
+    int32_t *idx = malloc(sizeof(int32_t) * 8060);
+    uint64_t *scratch = malloc(sizeof(uint64_t) * 8060);
+    if (!s || !idx || !scratch) return 1;
+    srand(1);
+    for (int i = 0; i < 8060; i++) {   /* Box-Muller */
+        const float u = (rand() + 1.0f) / ((float)RAND_MAX + 2), v = (rand() + 1.0f) / ((float)RAND_MAX + 2);
+        s[i] = 3 * sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
+    }
+    for (int j = 0; j < 3; j++) {
+        const int n = sizes[j];
+        double best = 1e9;
+        long sink = 0;
+        for (int r = 0; r < 20; r++) {
+            const double t0 = now();
+            for (int it = 0; it < 1000; it++) sink += topk_indices(s, n, k, idx, scratch);
+            const double t = (now() - t0) / 1000;
+            best = t < best ? t : best;
+        }
+        printf("bench_topk: %d of %d scores: %.2f us (%ld selected)\n", k, n, best * 1e6, sink / 20000);
+    }
+    free(s); free(idx); free(scratch);
+    return 0;
+}
