@@ -308,7 +308,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
             "%d prefilled tokens tiled to depth%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
-            kv_type_name(cfg.kv_f16), cfg.n_fill, cfg.per_head ? "; fasa: each head's own chunks" : "");
+            kv_type_name(cfg.kv_f16), speed_fill(&cfg), cfg.per_head ? "; fasa: each head's own chunks" : "");
     status = 0;
 out:
     free(rows);

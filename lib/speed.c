@@ -66,13 +66,25 @@ static void tile_cache(kvcache *kv, int have, int want)
     for (int i = have; i < want; i++) kvcache_copy_row(kv, i % have, i);
 }
 
+static int deepest_depth(const speed_cfg *cfg)
+{
+    int deepest = 0;
+    for (int i = 0; i < cfg->n_depth; i++) deepest = cfg->depths[i] > deepest ? cfg->depths[i] : deepest;
+    return deepest;
+}
+
+int speed_fill(const speed_cfg *cfg)
+{
+    const int deepest = deepest_depth(cfg);
+    return cfg->n_fill < deepest ? cfg->n_fill : deepest > 0 ? deepest : 1;
+}
+
 int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
                 speed_row **rows, int *n_rows, char *err)
 {
     const model_config *c = &m->cfg;
-    int deepest = 0, rc = 0, done = 0;
-    for (int i = 0; i < cfg->n_depth; i++) deepest = cfg->depths[i] > deepest ? cfg->depths[i] : deepest;
-    const int fill = cfg->n_fill < deepest ? cfg->n_fill : deepest > 0 ? deepest : 1;
+    const int deepest = deepest_depth(cfg), fill = speed_fill(cfg);
+    int rc = 0, done = 0;
     if (n_ids < fill + cfg->steps + 1)
         return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids, fill, cfg->steps);
     int fasa = 0;

@@ -52,6 +52,9 @@ speed_cfg speed_defaults(void);
 const char *speed_policy_name(enum speed_policy p);
 int speed_policy_parse(const char *name, enum speed_policy *out);
 
+/* Tokens prefilled for real before the cache is tiled: n_fill, at most the deepest depth. */
+int speed_fill(const speed_cfg *cfg);
+
 /* May reorder m's chunks (model_rank_chunks) when a FASA policy is asked for. */
 int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
                 speed_row **rows, int *n_rows, char *err);
