@@ -6,13 +6,16 @@ PREFIX  ?= /usr/local
 OPT     ?= -O2 -march=native
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -fopenmp -MMD -MP \
-           -I. -Ilib -Iformats $(shell pkg-config --cflags libcjson libarchive libpcre2-8 stb)
+           $(LIB_INC) $(shell pkg-config --cflags libcjson libarchive libpcre2-8 stb)
 LDLIBS  += $(shell pkg-config --libs libcjson libarchive libpcre2-8 libxxhash) -lm -fopenmp
 TEST_LDLIBS = $(shell pkg-config --libs criterion)
 
+# lib/ is grouped by concern (README: How the code is laid out); headers are included by name.
+LIB_DIRS:= lib lib/core lib/fasa lib/eval lib/convert
+LIB_INC := -I. -Iformats $(LIB_DIRS:%=-I%)
 BUILD   := build
 BIN     := bin
-LIB_SRC := $(wildcard lib/*.c formats/*.c)
+LIB_SRC := $(wildcard formats/*.c $(LIB_DIRS:%=%/*.c))
 CMD_SRC := $(wildcard cmd/*.c)
 TEST_SRC:= $(wildcard tests/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -88,7 +91,7 @@ FUZZ_RUNS    ?=
 FUZZ_BUILD   := build-fuzz
 FUZZ_TARGETS := safetensors gguf config tokenizer profile bundle
 FUZZ_CFLAGS  := -O1 -g -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -fopenmp -MMD -MP \
-                -I. -Ilib -Iformats -Itests -Ifuzz \
+                $(LIB_INC) -Itests -Ifuzz \
                 $(shell pkg-config --cflags libcjson libarchive libpcre2-8 stb) \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB     := $(FUZZ_BUILD)/libfasa.a
@@ -164,7 +167,7 @@ NVCC       ?= nvcc
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
 CUDA_ARCHS := 80 90
 NVFLAGS    ?= -O2 -g
-NVFLAGS    += -std=c++17 --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror,-warn-spills -MMD -MP -I. -Ilib
+NVFLAGS    += -std=c++17 --fmad=false -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Xptxas -Werror,-warn-spills -MMD -MP $(LIB_INC)
 CUDA_SRC   := $(wildcard kernels/*.cu)
 CUDA_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 CUDA_STAMP := $(BUILD)/kernels/cuda-setting
@@ -204,13 +207,14 @@ $(foreach a,$(CUDA_ARCHS),$(eval $(call CUDA_CHECK_RULE,$(a))))
 
 # --- install, valgrind (issue 8) ---
 # make install [PREFIX=/usr/local] [DESTDIR=/staging]: bin/fasa, the library with its headers
-# (lib/*.h and formats/*.h, flat under include/fasa/: #include <fasa/model.h>), a pkg-config
+# (lib/*/*.h and formats/*.h, flat under include/fasa/: #include <fasa/model.h>), a pkg-config
 # file, the manual pages and the bash completion. make uninstall removes exactly those files.
 # fasa finds its pages through ../share/man/man1 next to the binary (fasa help CMD).
 DESTDIR      ?=
 INSTALL      ?= install
 FASA_VERSION := $(shell sed -n 's/.*puts("fasa \([0-9][0-9.]*\)").*/\1/p' cmd/main.c)
-PUB_HDR      := $(sort $(wildcard lib/*.h formats/*.h))
+# simd.h and quant.h are lib/core's own, not part of the library's interface
+PUB_HDR      := $(sort $(filter-out lib/core/simd.h lib/core/quant.h,$(wildcard formats/*.h $(LIB_DIRS:%=%/*.h))))
 MAN_PAGES    := $(sort $(wildcard man/*.1))
 I_BIN        := $(DESTDIR)$(PREFIX)/bin
 I_LIB        := $(DESTDIR)$(PREFIX)/lib

@@ -111,7 +111,7 @@ static char *read_texts(char **paths, int n, const char *const *defaults, int n_
         FILE *f = strcmp(p, "-") ? fopen(p, "rb") : stdin;
         if (!f) { free(all); die("cannot open '%s': %m", p); return NULL; }
         size_t l;
-        char *t = read_all(f, &l);
+        char *t = fasa_read_stream(f, &l);
         if (f != stdin) fclose(f);
         if (!t) { free(all); die("cannot read '%s'", p); return NULL; }
         if (used + l + 3 > cap) {

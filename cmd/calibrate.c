@@ -120,7 +120,7 @@ int cmd_calibrate(int argc, char **argv)
     FILE *f = strcmp(sample, "-") ? fopen(sample, "rb") : stdin;
     if (!f) { die("cannot open '%s': %m", sample); goto done; }
     size_t len;
-    text = read_all(f, &len);
+    text = fasa_read_stream(f, &len);
     if (f != stdin) fclose(f);
     if (!text) { die("cannot read '%s'", sample); goto done; }
     int cap = (int)(3 * len + 16);   /* invalid UTF-8 can give up to 3 ids a byte */

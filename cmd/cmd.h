@@ -4,6 +4,8 @@
 
 #include <stdio.h>
 
+#include "base.h"
+
 int cmd_calibrate(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
@@ -38,10 +40,7 @@ static inline const char *kv_type_name(int f16) { return f16 ? "f16" : "f32"; }
 /* Plain English text that every Debian system has: the default calibration sample. */
 #define DEFAULT_SAMPLE "/usr/share/common-licenses/GPL-3"
 
-/* Writes buf to path through a temporary file renamed into place; prints the error, returns 1. */
+/* Writes buf to path atomically (fasa_write_file); prints the error and returns 1 on failure. */
 int write_file_atomic(const char *path, const void *buf, size_t len);
-
-/* Reads a whole stream or file into a NUL-terminated buffer (caller frees). */
-char *read_all(FILE *f, size_t *len);
 
 #endif

@@ -45,11 +45,6 @@ static const char usage_text[] =
     "      --devices         the CUDA devices fasa's kernels can use (or why there are none)\n"
     "  -h, --help            this text\n";
 
-static const char *arch_name(enum model_arch a)
-{
-    return a == MODEL_ARCH_QWEN2 ? "qwen2" : a == MODEL_ARCH_MISTRAL ? "mistral" : "llama";
-}
-
 /* One row per tensor of the file(s), whatever the format. */
 typedef struct trow { char name[128]; const char *dtype; int n_dims; int64_t shape[4]; uint64_t bytes; } trow;
 
@@ -108,7 +103,7 @@ static int inspect_model(const char *path, int json, int all)
         cJSON_AddStringToObject(o, "path", path);
         cJSON_AddStringToObject(o, "name", m->name);
         cJSON_AddStringToObject(o, "format", m->source == MODEL_SOURCE_GGUF ? "gguf" : "safetensors");
-        cJSON_AddStringToObject(o, "architecture", arch_name(cf->arch));
+        cJSON_AddStringToObject(o, "architecture", fasa_arch_name(cf->arch));
         cJSON_AddNumberToObject(o, "n_layer", cf->n_layer);
         cJSON_AddNumberToObject(o, "d_model", cf->d_model);
         cJSON_AddNumberToObject(o, "n_head", cf->n_head);
@@ -152,7 +147,7 @@ static int inspect_model(const char *path, int json, int all)
         printf("model         %s\n", path);
         printf("name          %s\n", m->name);
         printf("format        %s, %d tensors\n", m->source == MODEL_SOURCE_GGUF ? "GGUF" : "safetensors", n);
-        printf("architecture  %s: %d layers, hidden %d, ffn %d, vocab %d, context %d\n", arch_name(cf->arch),
+        printf("architecture  %s: %d layers, hidden %d, ffn %d, vocab %d, context %d\n", fasa_arch_name(cf->arch),
                cf->n_layer, cf->d_model, cf->d_ff, cf->n_vocab, cf->n_ctx_train);
         printf("attention     %d query heads, %d KV heads (group %d), head dim %d = %d frequency chunks%s\n",
                cf->n_head, cf->n_kv_head, cf->n_head / cf->n_kv_head, cf->d_head, cf->d_head / 2,

@@ -130,43 +130,11 @@ int parse_kv_type(const char *s, int *f16)
     return 0;
 }
 
-char *read_all(FILE *f, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return NULL;
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); return NULL; }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) { free(buf); return NULL; }
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
-}
-
-/* Writes buf to path through a temporary file renamed into place. */
+/* Writes buf to path atomically (base.h); prints the error, returns 1. */
 int write_file_atomic(const char *path, const void *buf, size_t len)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return die("cannot create '%s': %m", path);
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "wb");
-    int ok = f && fwrite(buf, 1, len, f) == len;
-    ok = (f ? fclose(f) == 0 : (close(fd), 0)) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return die("cannot write '%s': %m", path);
-    }
-    return 0;
+    char err[FASA_ERRLEN];
+    return fasa_write_file(path, buf, len, err) < 0 ? die("%s", err) : 0;
 }
 
 /* ---------------------------------------------------------------- fasa help */

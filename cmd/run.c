@@ -336,7 +336,7 @@ int cmd_run(int argc, char **argv)
         if (!m->tok) { status = die_usage("'%s' has no tokenizer; give the prompt with --ids", model_path); goto out; }
         if (!prompt || !strcmp(prompt, "-")) {
             if (isatty(0)) fprintf(stderr, "fasa: reading the prompt from stdin (end with Ctrl-D)\n");
-            if (!(text = read_all(stdin, NULL))) { die("cannot read the prompt from stdin"); goto out; }
+            if (!(text = fasa_read_stream(stdin, NULL))) { die("cannot read the prompt from stdin"); goto out; }
             prompt = text;
         }
         int has_chatml = tokenizer_find(m->tok, "<|im_start|>") >= 0;

@@ -1218,49 +1218,7 @@ int gguf_writer_write(gguf_writer *w, const char *path, char *err)
     int st = gguf_writer_bytes(w, &buf, &len, msg);
     if (st < 0) return fasa_error(err, st, "cannot write '%s': %s", path, msg);
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 8);
-    if (!tmp) {
-        free(buf);
-        return fasa_error(err, FASA_ENOMEM, "cannot write '%s': out of memory", path);
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".XXXXXX", 8);   /* same directory, so rename is atomic */
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = fasa_error(err, FASA_EIO, "cannot create a temporary file for '%s': %s", path,
-                        strerror(errno));
-        free(tmp);
-        free(buf);
-        return st;
-    }
-    const char *step = "write";
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = write(fd, buf + done, len - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) { if (n == 0) errno = EIO; goto fail; }
-        done += (size_t)n;
-    }
-    step = "set the mode of";
-    if (fchmod(fd, 0644) < 0) goto fail;
-    step = "sync";
-    if (fsync(fd) < 0) goto fail;
-    step = "close";
-    int rc = close(fd);
-    fd = -1;
-    if (rc < 0) goto fail;
-    step = "rename the temporary file to";
-    if (rename(tmp, path) < 0) goto fail;
-    free(tmp);
-    free(buf);
-    return 0;
-
-fail:
-    st = fasa_error(err, FASA_EIO, "cannot %s '%s': %s", step, path, strerror(errno));
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-    free(tmp);
+    st = fasa_write_file(path, buf, len, err);
     free(buf);
     return st;
 }

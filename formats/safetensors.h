@@ -30,7 +30,7 @@
  * cannot silently drop information. Zero-element tensors are allowed (begin == end).
  *
  * Errors: every function returning int gives 0 (success) or one of the negative ST_E* codes,
- * whose values match enum fasa_status in lib/common.h, and writes one line into err (which may
+ * whose values match enum fasa_status in formats/base.h, and writes one line into err (which may
  * be NULL) naming the file: "'model.safetensors': tensor 'x' data_offsets [0, 8] overlap 'y'
  * [4, 12]". Names from the file are shown truncated, with control bytes replaced by '?'.
  *
@@ -56,7 +56,7 @@
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER 100000000u  /* largest accepted header length N */
 
-/* Status codes, equal to FASA_EIO .. FASA_EARG in lib/common.h. */
+/* Status codes, equal to FASA_EIO .. FASA_EARG in formats/base.h. */
 #define ST_EIO       (-1)   /* cannot open / read / write */
 #define ST_EFORMAT   (-2)   /* malformed or hostile file */
 #define ST_EMISMATCH (-3)   /* index and shards do not fit together */

@@ -8,7 +8,7 @@
 #include <pthread.h>
 
 extern "C" {
-#include "lib/common.h"
+#include "base.h"
 }
 #include "fasa_cuda.h"
 #include "fasa_cuda_math.h"

@@ -2,7 +2,7 @@
  * "built without CUDA", so callers need no #ifdefs. With CUDA=1 the .cu files define the API
  * and this file compiles to nothing (it is still built: the library notices a CUDA switch). */
 #include "kernels/fasa_cuda.h"
-#include "lib/common.h"
+#include "base.h"
 
 #if !defined(FASA_CUDA) || !FASA_CUDA
 

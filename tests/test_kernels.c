@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "base.h"
 #include "gguf.h"
 #include "kernels/fasa_cuda.h"
 #include "kernels/fasa_cuda_math.h"

@@ -187,9 +187,13 @@ static int config_from_gguf(model *m, char *err)
         return fasa_error(err, FASA_EFORMAT, "'%s': missing 'general.architecture'", m->path);
     memcpy(arch, s.ptr, s.len);
     arch[s.len] = 0;
-    if (!strcmp(arch, "llama")) c->arch = MODEL_ARCH_LLAMA, c->layout = ROPE_LAYOUT_INTERLEAVED;
-    else if (!strcmp(arch, "qwen2")) c->arch = MODEL_ARCH_QWEN2, c->layout = ROPE_LAYOUT_HF, c->qkv_bias = 1;
-    else return fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported architecture '%s'", m->path, arch);
+    /* mistral GGUFs say "llama"; llama.cpp permutes llama's q/k rows into the interleaved layout */
+    const int a = fasa_arch_parse(arch);
+    if (a != FASA_ARCH_LLAMA && a != FASA_ARCH_QWEN2)
+        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported architecture '%s'", m->path, arch);
+    c->arch = a;
+    c->layout = a == FASA_ARCH_LLAMA ? ROPE_LAYOUT_INTERLEAVED : ROPE_LAYOUT_HF;
+    c->qkv_bias = a == FASA_ARCH_QWEN2;
     if (gguf_get_str(g, "general.name", &s) == 0)
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
     int rc;
@@ -261,10 +265,10 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
     const char *bad = NULL;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
-    if (!strcmp(type, "llama")) c->arch = MODEL_ARCH_LLAMA;
-    else if (!strcmp(type, "mistral")) c->arch = MODEL_ARCH_MISTRAL;
-    else if (!strcmp(type, "qwen2")) c->arch = MODEL_ARCH_QWEN2, c->qkv_bias = 1;
-    else { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
+    const int arch = fasa_arch_parse(type);
+    if (arch < 0) { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
+    c->arch = arch;
+    c->qkv_bias = arch == FASA_ARCH_QWEN2;
     c->layout = ROPE_LAYOUT_HF;
     c->n_layer = json_int(j, "num_hidden_layers", 0, &bad);
     c->d_model = json_int(j, "hidden_size", 0, &bad);

@@ -271,25 +271,9 @@ int profile_save(const profile *p, const char *path, char *err)
     free(text);
     if (!pretty) return fasa_error(err, FASA_ENOMEM, "out of memory writing '%s'", path);
 
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        free(pretty);
-        return fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
-    }
-    size_t n = strlen(pretty);
-    int ok = fchmod(fd, 0644) == 0;
-    ok = write(fd, pretty, n) == (ssize_t)n;
-    ok = fsync(fd) == 0 && ok;
-    ok = close(fd) == 0 && ok;
+    const int rc = fasa_write_file(path, pretty, strlen(pretty), err);
     free(pretty);
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, strerror(e));
-    }
-    return 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- JSON in */

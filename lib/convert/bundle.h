@@ -27,7 +27,7 @@
 
 #include <stddef.h>
 
-#include "common.h"
+#include "base.h"
 
 #define BUNDLE_MANIFEST "MANIFEST.json"
 #define BUNDLE_MAX_MEMBERS 64

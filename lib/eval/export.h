@@ -105,7 +105,4 @@ int export_json_dims(const profile *p, int fcs, const char *path, char *err);
 /* Long format, every K: "k,layer,head,chunk,ca,rank" with rank 1 = the head's best chunk at that K. */
 int export_csv(const profile *p, const char *path, char *err);
 
-/* Writes len bytes to path through a temporary file in the same directory and a rename. */
-int export_write_atomic(const char *path, const void *data, size_t len, char *err);
-
 #endif

@@ -23,12 +23,11 @@
 
 #include <stdint.h>
 
-#include "common.h"
+#include "base.h"
 #include "kvcache.h"
 #include "ops.h"
 #include "tokenizer.h"
 
-enum model_arch { MODEL_ARCH_LLAMA, MODEL_ARCH_MISTRAL, MODEL_ARCH_QWEN2 };
 /* PERMUTED: written by `fasa convert`: each KV head's q/k rows are pairs (2r, 2r+1) holding the
  * rotation plane of frequency chunk_order[r], dominant chunks first (metadata fasa.chunk_order). */
 enum rope_layout { ROPE_LAYOUT_HF, ROPE_LAYOUT_INTERLEAVED, ROPE_LAYOUT_PERMUTED };
@@ -36,7 +35,7 @@ enum rope_scaling { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3 
 enum model_source { MODEL_SOURCE_GGUF, MODEL_SOURCE_SAFETENSORS };
 
 typedef struct model_config {
-    enum model_arch arch;
+    enum fasa_arch arch;
     int n_layer, d_model, n_head, n_kv_head, d_head, d_ff, n_vocab, n_ctx_train;
     float rope_theta, norm_eps;
     enum rope_scaling rope_scaling;

@@ -194,20 +194,7 @@ static int write_text(const char *dir, const char *name, const char *text, char 
 {
     char p[8192];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return fasa_error(err, FASA_EIO, "cannot create '%s': %s", p, strerror(errno));
-    size_t n = strlen(text), off = 0;
-    int ok = 1;
-    while (ok && off < n) {
-        ssize_t k = write(fd, text + off, n - off);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) { if (k == 0) errno = EIO; ok = 0; break; }
-        off += (size_t)k;
-    }
-    ok = ok && fsync(fd) == 0;
-    int e = errno;
-    if (close(fd) != 0 && ok) ok = 0, e = errno;
-    return ok ? 0 : fasa_error(err, FASA_EIO, "cannot write '%s': %s", p, strerror(e));
+    return fasa_write_file(p, text, strlen(text), err);
 }
 
 /* cJSON's own printer, then a newline, into dir/name. */
@@ -230,26 +217,21 @@ static int copy_file(const char *src, const char *dir, const char *name, char *e
     snprintf(p, sizeof p, "%s/%s", dir, name);
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return fasa_error(err, FASA_EIO, "cannot open '%s': %s", src, strerror(errno));
-    int out = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (out < 0) { int e = errno; close(in); return fasa_error(err, FASA_EIO, "cannot create '%s': %s", p, strerror(e)); }
-    int rc = 0;
-    for (;;) {
+    fasa_atomic out;
+    int rc = fasa_atomic_open(&out, p, err);
+    while (rc == 0) {
         ssize_t k = read(in, buf, sizeof buf);
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0) { rc = fasa_error(err, FASA_EIO, "cannot read '%s': %s", src, strerror(errno)); break; }
-        if (k == 0) break;
-        for (ssize_t off = 0; off < k && rc == 0;) {
-            ssize_t w = write(out, buf + off, (size_t)(k - off));
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", p, w == 0 ? "no progress" : strerror(errno));
-            else off += w;
-        }
-        if (rc) break;
+        if (k < 0) rc = fasa_error(err, FASA_EIO, "cannot read '%s': %s", src, strerror(errno));
+        if (k <= 0) break;
+        rc = fasa_atomic_write(&out, buf, (size_t)k, err);
     }
-    if (rc == 0 && fsync(out) != 0) rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", p, strerror(errno));
-    if (close(out) != 0 && rc == 0) rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", p, strerror(errno));
     close(in);
-    return rc;
+    if (rc < 0) {
+        fasa_atomic_abort(&out);
+        return rc;
+    }
+    return fasa_atomic_commit(&out, err);
 }
 
 static int exists(const char *p)
@@ -316,11 +298,10 @@ static int write_config(const model *m, const char *src_dir, int dtype, int reor
     }
     if (!o) o = cJSON_CreateObject();
     if (!o) return fasa_error(err, FASA_ENOMEM, "out of memory");
-    static const char *const types[] = { "llama", "mistral", "qwen2" };
     static const char *const archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" };
     const char *arch_list[1] = { archs[c->arch] };
     set_item(o, "architectures", cJSON_CreateStringArray(arch_list, 1));
-    set_item(o, "model_type", cJSON_CreateString(types[c->arch]));
+    set_item(o, "model_type", cJSON_CreateString(fasa_arch_name(c->arch)));
     set_item(o, "hidden_size", cJSON_CreateNumber(c->d_model));
     set_item(o, "intermediate_size", cJSON_CreateNumber(c->d_ff));
     set_item(o, "num_hidden_layers", cJSON_CreateNumber(c->n_layer));
@@ -349,7 +330,7 @@ static int write_config(const model *m, const char *src_dir, int dtype, int reor
     cJSON_DeleteItemFromObjectCaseSensitive(o, "rope_parameters");   /* superseded by the two keys */
     set_item(o, "rope_scaling", rs);
     set_item(o, "tie_word_embeddings", cJSON_CreateBool(c->tied_embeddings));
-    if (c->arch != MODEL_ARCH_QWEN2) set_item(o, "attention_bias", cJSON_CreateBool(c->qkv_bias));
+    if (c->arch != FASA_ARCH_QWEN2) set_item(o, "attention_bias", cJSON_CreateBool(c->qkv_bias));
     if (!cJSON_GetObjectItemCaseSensitive(o, "hidden_act")) cJSON_AddStringToObject(o, "hidden_act", "silu");
     set_item(o, "torch_dtype", cJSON_CreateString(dtype == ST_F32 ? "float32" : dtype == ST_F16 ? "float16" : "bfloat16"));
     if (!src_dir && m->tok) {

@@ -207,7 +207,7 @@ int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o
             return fasa_error(err, FASA_EARG, "K values must be positive and increasing");
 
     memset(p, 0, sizeof *p);
-    snprintf(p->arch, sizeof p->arch, "%s", cf->arch == MODEL_ARCH_QWEN2 ? "qwen2" : cf->arch == MODEL_ARCH_MISTRAL ? "mistral" : "llama");
+    snprintf(p->arch, sizeof p->arch, "%s", fasa_arch_name(cf->arch));
     p->n_layer = cf->n_layer, p->n_head = cf->n_head, p->n_kv_head = cf->n_kv_head;
     p->d_head = cf->d_head, p->n_chunk = cf->d_head / 2;
     p->qk_hash = profile_model_hash(m);

@@ -11,35 +11,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-int export_write_atomic(const char *path, const void *data, size_t len, char *err)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return fasa_error(err, FASA_EARG, "cannot create '%s': path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
-    /* mkstemp makes 0600 files; give the output the mode a plain fopen would. */
-    mode_t mask = umask(0);
-    umask(mask);
-    int ok = fchmod(fd, 0666 & ~mask) == 0;
-    const char *p = data;
-    for (size_t left = len; ok && left;) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { ok = 0; break; }
-        p += w, left -= (size_t)w;
-    }
-    ok = ok && fsync(fd) == 0;
-    int e = errno;
-    ok = close(fd) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) e = errno;
-        unlink(tmp);
-        return fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, strerror(e ? e : EIO));
-    }
-    return 0;
-}
-
 /* cJSON text with a line break after every comma (outside strings) at depth <= max_depth, so
  * big tables read one row per line. Returns a malloc'd string or NULL. */
 static char *json_lines(const cJSON *o, int max_depth)
@@ -73,7 +44,7 @@ static int write_json(const cJSON *o, int max_depth, const char *path, char *err
 {
     char *text = json_lines(o, max_depth);
     if (!text) return fasa_error(err, FASA_ENOMEM, "out of memory writing '%s'", path);
-    int rc = export_write_atomic(path, text, strlen(text), err);
+    int rc = fasa_write_file(path, text, strlen(text), err);
     free(text);
     return rc;
 }
@@ -427,7 +398,7 @@ int export_json_dims(const profile *p, int fcs, const char *path, char *err)
     if (!text) return fasa_error(err, FASA_ENOMEM, "out of memory writing '%s'", path);
     size_t n = strlen(text);
     text[n] = '\n';   /* cJSON_Print's terminator becomes the final newline */
-    int rc = export_write_atomic(path, text, n + 1, err);
+    int rc = fasa_write_file(path, text, n + 1, err);
     free(text);
     return rc;
 }
@@ -452,7 +423,7 @@ int export_csv(const profile *p, const char *path, char *err)
                 for (int c = 0; c < p->n_chunk; c++)
                     len += snprintf(buf + len, cap - len, "%d,%d,%d,%d,%.6f,%d\n", p->ks[ki], l, h, c, ca[c], pos[c] + 1);
             }
-    int rc = export_write_atomic(path, buf, len, err);
+    int rc = fasa_write_file(path, buf, len, err);
     free(buf), free(r), free(pos);
     return rc;
 }

@@ -179,25 +179,17 @@ int bundle_write(const char *path, const char *dir, const char *const *names, in
     }
     member *mb = calloc(n ? n : 1, sizeof *mb);
     void *buf = malloc(IO_CHUNK);
-    char *manifest = NULL, *tmp = NULL;
+    char *manifest = NULL;
     struct archive *a = NULL;
-    int fd = -1, rc = 0;
+    fasa_atomic out;
+    int opened = 0, rc = 0;
     if (!mb || !buf) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
     for (int i = 0; i < n && rc == 0; i++) rc = member_stat(dir, names[i], &mb[i], buf, err);
     if (rc < 0) goto out;
     if (!(manifest = manifest_json(mb, n))) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
 
-    size_t plen = strlen(path);
-    if (!(tmp = malloc(plen + sizeof ".tmp.XXXXXX"))) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    if ((fd = mkstemp(tmp)) < 0) {
-        rc = fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
-        free(tmp);
-        tmp = NULL;
-        goto out;
-    }
-    if (fchmod(fd, 0644) != 0) { rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, strerror(errno)); goto out; }
+    if ((rc = fasa_atomic_open(&out, path, err)) < 0) goto out;
+    opened = 1;
     a = archive_write_new();
     if (!a || archive_write_set_format_pax_restricted(a) != ARCHIVE_OK) {
         rc = fasa_error(err, FASA_EIO, "cannot write '%s': libarchive has no pax writer", path);
@@ -208,7 +200,7 @@ int bundle_write(const char *path, const char *dir, const char *const *names, in
         rc = fasa_error(err, FASA_EUNSUPPORTED, "cannot write '%s': no zstd support: %s", path, archive_error_string(a));
         goto out;
     }
-    if (archive_write_open_fd(a, fd) != ARCHIVE_OK) {
+    if (archive_write_open_fd(a, out.fd) != ARCHIVE_OK) {
         rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, archive_error_string(a));
         goto out;
     }
@@ -223,16 +215,13 @@ int bundle_write(const char *path, const char *dir, const char *const *names, in
         rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, archive_error_string(a));
         goto out;
     }
-    if (fsync(fd) != 0) { rc = fasa_error(err, FASA_EIO, "cannot sync '%s': %s", path, strerror(errno)); goto out; }
-    int e = close(fd) == 0 ? 0 : errno;
-    fd = -1;
-    if (e || rename(tmp, path) != 0)
-        rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", path, strerror(e ? e : errno));
+    archive_write_free(a);   /* the fd stays ours */
+    a = NULL;
+    opened = 0;
+    rc = fasa_atomic_commit(&out, err);
 out:
-    if (a) archive_write_free(a);   /* closes first when still open; the fd stays ours */
-    if (fd >= 0) close(fd);
-    if (tmp && rc < 0) unlink(tmp);
-    free(tmp);
+    if (a) archive_write_free(a);   /* closes first when still open */
+    if (opened) fasa_atomic_abort(&out);
     free(manifest);
     free(buf);
     free(mb);

@@ -20,7 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "common.h"
+#include "base.h"
 
 typedef struct tokenizer tokenizer;
 

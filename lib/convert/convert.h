@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common.h"
+#include "base.h"
 #include "model.h"
 #include "profile.h"
 

@@ -375,7 +375,7 @@ int heatmap_write_png(const heatmap_image *img, const char *path, char *err)
         free(m.data);
         return fasa_error(err, FASA_ENOMEM, "cannot encode '%s' as PNG (%dx%d)", path, img->w, img->h);
     }
-    int rc = export_write_atomic(path, m.data, m.len, err);
+    int rc = fasa_write_file(path, m.data, m.len, err);
     free(m.data);
     return rc;
 }

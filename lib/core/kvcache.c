@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "base.h"
 #include "ops.h"
 
 /* The cold tier: one file under dir, unlinked as soon as it is open, mapped shared. Pages are

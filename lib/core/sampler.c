@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "base.h"
 
 int sampler_init(sampler *s, int n_vocab, float temp, int top_k, float top_p, uint64_t seed, char *err)
 {

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common.h"
+#include "base.h"
 
 struct model;
 

@@ -1,0 +1,638 @@
+/* ops.c - vector kernels of the forward pass besides the products: dot, axpy, attention over
+ * f32 and f16 rows, f16 conversion, RMSNorm, softmax, exp, SwiGLU (each with its scalar twin). */
+#include "ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "simd.h"
+
+float ops_dot_ref(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+float ops_dot(const float *a, const float *b, int n)
+{
+#ifdef OPS_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float s = _mm_cvtss_f32(h);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+#else
+    return ops_dot_ref(a, b, n);
+#endif
+}
+
+void ops_axpy_ref(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void ops_axpy(float *y, float a, const float *x, int n)
+{
+#ifdef OPS_AVX2
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+#else
+    ops_axpy_ref(y, a, x, n);
+#endif
+}
+
+/* ---- attention ------------------------------------------------------------------------------
+ *
+ * Keys and values are rows of f32 or of f16 (the KV cache's two storage types). Each kernel body
+ * takes its rows as untyped pointers and a constant h16, and has a contiguous form (rows 0..t)
+ * and a gathered one (rows idx[0..n), for attention over selected positions); inlining makes
+ * one instance per type and per d == 64 or any d. */
+
+static inline const void *kv_row(const void *M, const int32_t *idx, int i, int d, int h16)
+{
+    return (const char *)M + (size_t)(idx ? idx[i] : i) * d * (h16 ? 2 : 4);
+}
+
+static inline float kv_at_ref(const void *row, int c, int h16)
+{
+    return h16 ? gguf_f16_to_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
+}
+
+static void attn_scores_plain(float *s, const float *q, const void *K, const int32_t *idx, int t, int d,
+                              float scale, int h16)
+{
+    for (int i = 0; i < t; i++) {
+        const void *k = kv_row(K, idx, i, d, h16);
+        float acc = 0;
+        for (int c = 0; c < d; c++) acc += q[c] * kv_at_ref(k, c, h16);
+        s[i] = scale * acc;
+    }
+}
+
+static void attn_accum_plain(float *out, const float *p, const void *V, const int32_t *idx, int t, int d, int h16)
+{
+    memset(out, 0, sizeof(float) * d);
+    for (int i = 0; i < t; i++) {
+        const void *v = kv_row(V, idx, i, d, h16);
+        for (int c = 0; c < d; c++) out[c] += p[i] * kv_at_ref(v, c, h16);
+    }
+}
+
+#ifdef OPS_AVX2
+/* Eight keys at a time: eight running sums, one transpose-reduce instead of eight horizontal
+ * sums. d a multiple of 8; a constant 64 after inlining keeps q in registers. */
+static inline __attribute__((always_inline)) void
+attn_scores_fast(float *s, const float *q, const void *K, const int32_t *idx, int t, const int d, float scale,
+                 const int h16)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 8 <= t; i += 8) {
+        const void *k[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) k[j] = kv_row(K, idx, i + j, d, h16);
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int c = 0; c < d; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + c);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, KV_LOAD8(k[j], c, h16), a[j]);
+        }
+        _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
+    }
+    for (; i < t; i++) {
+        const void *k = kv_row(K, idx, i, d, h16);
+        if (!h16) { s[i] = scale * ops_dot(q, k, d); continue; }
+        __m256 a = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), KV_LOAD8(k, c, 1), a);
+        s[i] = scale * hsum256(a);
+    }
+}
+
+/* 64 columns at a time with eight accumulators live across all rows, then 8 at a time. */
+static inline __attribute__((always_inline)) void
+attn_accum_fast(float *out, const float *p, const void *V, const int32_t *idx, int t, const int d, const int h16)
+{
+    int c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int i = 0; i < t; i++) {
+            const void *v = kv_row(V, idx, i, d, h16);
+            const __m256 pi = _mm256_broadcast_ss(p + i);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(pi, KV_LOAD8(v, c + 8 * j, h16), a[j]);
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + c + 8 * j, a[j]);
+    }
+    for (; c + 8 <= d; c += 8) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 2 <= t; i += 2) {
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), KV_LOAD8(kv_row(V, idx, i, d, h16), c, h16), a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i + 1), KV_LOAD8(kv_row(V, idx, i + 1, d, h16), c, h16), a1);
+        }
+        if (i < t) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i), KV_LOAD8(kv_row(V, idx, i, d, h16), c, h16), a0);
+        _mm256_storeu_ps(out + c, _mm256_add_ps(a0, a1));
+    }
+    for (; c < d; c++) {
+        float s = 0;
+        for (int i = 0; i < t; i++) s += p[i] * KV_AT(kv_row(V, idx, i, d, h16), c, h16);
+        out[c] = s;
+    }
+}
+
+static void attn_scores_any(float *s, const float *q, const void *K, const int32_t *idx, int t, int d, float scale,
+                            int h16)
+{
+    if (d % 8) { attn_scores_plain(s, q, K, idx, t, d, scale, h16); return; }
+    if (h16) {
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 1);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 1);
+    } else {
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 0);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 0);
+    }
+}
+
+static void attn_accum_any(float *out, const float *p, const void *V, const int32_t *idx, int t, int d, int h16)
+{
+    if (h16) {
+        if (d == 64) attn_accum_fast(out, p, V, idx, t, 64, 1);
+        else attn_accum_fast(out, p, V, idx, t, d, 1);
+    } else {
+        if (d == 64) attn_accum_fast(out, p, V, idx, t, 64, 0);
+        else attn_accum_fast(out, p, V, idx, t, d, 0);
+    }
+}
+#else
+#define attn_scores_any attn_scores_plain
+#define attn_accum_any attn_accum_plain
+#endif
+
+void ops_attn_scores(float *s, const float *q, const float *K, int t, int d, float scale)
+{
+    attn_scores_any(s, q, K, NULL, t, d, scale, 0);
+}
+
+void ops_attn_scores_ref(float *s, const float *q, const float *K, int t, int d, float scale)
+{
+    attn_scores_plain(s, q, K, NULL, t, d, scale, 0);
+}
+
+void ops_attn_scores_idx(float *s, const float *q, const float *K, const int32_t *idx, int n, int d, float scale)
+{
+    attn_scores_any(s, q, K, idx, n, d, scale, 0);
+}
+
+void ops_attn_scores_idx_ref(float *s, const float *q, const float *K, const int32_t *idx, int n, int d,
+                             float scale)
+{
+    attn_scores_plain(s, q, K, idx, n, d, scale, 0);
+}
+
+void ops_attn_accum(float *out, const float *p, const float *V, int t, int d)
+{
+    attn_accum_any(out, p, V, NULL, t, d, 0);
+}
+
+void ops_attn_accum_ref(float *out, const float *p, const float *V, int t, int d)
+{
+    attn_accum_plain(out, p, V, NULL, t, d, 0);
+}
+
+void ops_attn_accum_idx(float *out, const float *p, const float *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_any(out, p, V, idx, n, d, 0);
+}
+
+void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_plain(out, p, V, idx, n, d, 0);
+}
+
+void ops_attn_scores_f16(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d, float scale)
+{
+    attn_scores_any(s, q, K, idx, n, d, scale, 1);
+}
+
+void ops_attn_scores_f16_ref(float *s, const float *q, const uint16_t *K, const int32_t *idx, int n, int d,
+                             float scale)
+{
+    attn_scores_plain(s, q, K, idx, n, d, scale, 1);
+}
+
+void ops_attn_accum_f16(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_any(out, p, V, idx, n, d, 1);
+}
+
+void ops_attn_accum_f16_ref(float *out, const float *p, const uint16_t *V, const int32_t *idx, int n, int d)
+{
+    attn_accum_plain(out, p, V, idx, n, d, 1);
+}
+
+/* Several queries against the same keys: the heads of a GQA group in decode (each key and value
+ * row is read once for the group instead of once per head), or all the queries of a prefill
+ * batch. Scores reuse the prefill matmul kernel with the keys as the weight rows. */
+
+static void scores_multi_plain(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d,
+                               float scale, int h16)
+{
+    for (int i = 0; i < nq; i++) attn_scores_plain(S + (size_t)i * lds, Q + (size_t)i * ldq, K, NULL, t, d, scale, h16);
+}
+
+#ifdef OPS_AVX2
+/* Narrow rows (d a multiple of 8 up to 48: FASA's dominant block, which TIP scans for every
+ * cached token): eight keys at a time, widened once into kb, then per query eight running sums and one
+ * transpose-reduce, so no horizontal sum is paid per key. */
+static inline __attribute__((always_inline)) void
+scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, const int d, float scale,
+              const int h16)
+{
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const __m256 vs = _mm256_set1_ps(scale);
+    float kb[8 * 48];
+    int j = 0;
+    for (; j + 8 <= t; j += 8) {
+        const char *k0 = kv_row(K, NULL, j, d, h16);
+        if (j + 8 + KV_AHEAD_ROWS(rb) < t) prefetch_bytes(k0 + KV_AHEAD_ROWS(rb) * rb, 8 * rb);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < d; c += 8) _mm256_storeu_ps(kb + r * d + c, KV_LOAD8(k0 + r * rb, c, h16));
+        for (int i = 0; i < nq; i++) {
+            const float *q = Q + (size_t)i * ldq;
+            __m256 a[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                a[r] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kb + r * d));
+#pragma GCC unroll 4
+                for (int c = 8; c < d; c += 8) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kb + r * d + c), a[r]);
+            }
+            _mm256_storeu_ps(S + (size_t)i * lds + j, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
+        }
+    }
+    for (; j < t; j++)
+        for (int i = 0; i < nq; i++) {
+            const void *k = kv_row(K, NULL, j, d, h16);
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(Q + (size_t)i * ldq), KV_LOAD8(k, 0, h16));
+            for (int c = 8; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + (size_t)i * ldq + c), KV_LOAD8(k, c, h16), a);
+            S[(size_t)i * lds + j] = scale * hsum256(a);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
+                  const int h16)
+{
+    if (d == 16) { scores_narrow(S, lds, Q, nq, ldq, K, t, 16, scale, h16); return; }
+    if (d % 8 == 0 && d <= 48) { scores_narrow(S, lds, Q, nq, ldq, K, t, d, scale, h16); return; }
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    for (int j = 0; j < t; j += 4) {
+        const int nr = t - j < 4 ? t - j : 4;
+        const void *kr[4];
+        for (int r = 0; r < 4; r++) kr[r] = kv_row(K, NULL, j + (r < nr ? r : nr - 1), d, h16);
+        if (j + 4 + KV_AHEAD_ROWS(rb) < t)   /* the stream ahead (see matvec_rows) */
+            prefetch_bytes((const char *)kr[0] + KV_AHEAD_ROWS(rb) * rb, 4 * rb);
+        int i = 0;
+        for (; i + 3 <= nq; i += 3) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 3, h16);
+        if (nq - i == 2) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 2, h16);
+        else if (nq - i == 1) tile_4xT(S + (size_t)i * lds + j, lds, kr, Q + (size_t)i * ldq, ldq, d, nr, 1, h16);
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int i = 0; i < nq; i++) {
+        float *row = S + (size_t)i * lds;
+        int k = 0;
+        for (; k + 8 <= t; k += 8) _mm256_storeu_ps(row + k, _mm256_mul_ps(vs, _mm256_loadu_ps(row + k)));
+        for (; k < t; k++) row[k] *= scale;
+    }
+}
+#define scores_multi_any scores_multi_fast
+#else
+#define scores_multi_any scores_multi_plain
+#endif
+
+void ops_attn_scores_multi_ref(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                               float scale)
+{
+    scores_multi_plain(S, lds, Q, nq, ldq, K, t, d, scale, 0);
+}
+
+void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
+{
+    scores_multi_any(S, lds, Q, nq, ldq, K, t, d, scale, 0);
+}
+
+void ops_attn_scores_multi_f16_ref(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t,
+                                   int d, float scale)
+{
+    scores_multi_plain(S, lds, Q, nq, ldq, K, t, d, scale, 1);
+}
+
+void ops_attn_scores_multi_f16(float *S, int lds, const float *Q, int nq, int ldq, const uint16_t *K, int t, int d,
+                               float scale)
+{
+    scores_multi_any(S, lds, Q, nq, ldq, K, t, d, scale, 1);
+}
+
+static void accum_multi_plain(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t,
+                              int d, int h16)
+{
+    for (int i = 0; i < nq; i++)
+        attn_accum_plain(O + (size_t)i * ldo, P + (size_t)i * t, V, NULL, len ? len[i] : t, d, h16);
+}
+
+#ifdef OPS_AVX2
+/* Four queries (rows p[0..3] of weights) over value rows 0..n, W columns (a constant multiple of
+ * 8, at most 16) starting at column c: 4 x W/8 accumulators, each value load used four times. */
+static inline __attribute__((always_inline)) void
+accum_4q(float *const o[4], const float *const p[4], const void *V, int n, int d, int c, const int W, int nout,
+         const int h16)
+{
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 2
+        for (int k = 0; k < W / 8; k++) a[q][k] = _mm256_setzero_ps();
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const char *v = (const char *)V + (size_t)c * (h16 ? 2 : 4);
+    for (int j = 0; j < n; j++, v += rb) {
+        if (c == 0 && j + KV_AHEAD_ROWS(rb) < n) __builtin_prefetch(v + KV_AHEAD_ROWS(rb) * rb, 0, 0);
+        __m256 vv[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < W / 8; k++) {
+            vv[k] = KV_LOAD8(v, 8 * k, h16);
+            __asm__("" : "+x"(vv[k]));   /* one load for the four queries (see tile_4xT) */
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            const __m256 pq = _mm256_broadcast_ss(p[q] + j);
+#pragma GCC unroll 2
+            for (int k = 0; k < W / 8; k++) a[q][k] = _mm256_fmadd_ps(pq, vv[k], a[q][k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+        if (q < nout)
+#pragma GCC unroll 2
+            for (int k = 0; k < W / 8; k++) _mm256_storeu_ps(o[q] + c + 8 * k, a[q][k]);
+}
+
+/* Three queries (a GQA group of three, the default model's) over value rows 0..n, 32 columns
+ * from c: 12 accumulators, each value load used three times; half the passes over the rows that
+ * accum_4q's 16 columns take, and no fourth, wasted query. */
+static inline __attribute__((always_inline)) void
+accum_3q(float *const o[4], const float *const p[4], const void *V, int n, int d, int c, const int h16)
+{
+    __m256 a[3][4];
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; q++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) a[q][k] = _mm256_setzero_ps();
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const char *v = (const char *)V + (size_t)c * (h16 ? 2 : 4);
+    for (int j = 0; j < n; j++, v += rb) {
+        if (c == 0 && j + KV_AHEAD_ROWS(rb) < n) __builtin_prefetch(v + KV_AHEAD_ROWS(rb) * rb, 0, 0);
+        const __m256 p0 = _mm256_broadcast_ss(p[0] + j), p1 = _mm256_broadcast_ss(p[1] + j),
+                     p2 = _mm256_broadcast_ss(p[2] + j);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256 vk = KV_LOAD8(v, 8 * k, h16);
+            a[0][k] = _mm256_fmadd_ps(p0, vk, a[0][k]);
+            a[1][k] = _mm256_fmadd_ps(p1, vk, a[1][k]);
+            a[2][k] = _mm256_fmadd_ps(p2, vk, a[2][k]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int q = 0; q < 3; q++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(o[q] + c + 8 * k, a[q][k]);
+}
+
+static inline __attribute__((always_inline)) void
+accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t, int d,
+                 const int h16)
+{
+    for (int i = 0; i < nq; i += 4) {
+        const int nout = nq - i < 4 ? nq - i : 4;
+        float *o[4];
+        const float *p[4];
+        int lo = t;   /* rows every query of the group reads */
+        for (int q = 0; q < 4; q++) {
+            const int iq = i + (q < nout ? q : nout - 1);
+            o[q] = O + (size_t)iq * ldo;
+            p[q] = P + (size_t)iq * t;
+            const int l = len ? len[iq] : t;
+            if (l < lo) lo = l;
+        }
+        int c = 0;
+        if (nout == 3)
+            for (; c + 32 <= d; c += 32) accum_3q(o, p, V, lo, d, c, h16);
+        for (; c + 16 <= d; c += 16) accum_4q(o, p, V, lo, d, c, 16, nout, h16);
+        for (; c + 8 <= d; c += 8) accum_4q(o, p, V, lo, d, c, 8, nout, h16);
+        for (int q = 0; q < nout; q++) {
+            for (int cc = c; cc < d; cc++) {
+                float s = 0;
+                for (int j = 0; j < lo; j++) s += p[q][j] * KV_AT(kv_row(V, NULL, j, d, h16), cc, h16);
+                o[q][cc] = s;
+            }
+            /* the rows beyond the group's shortest query, one query at a time */
+            const int l = len ? len[i + q] : t;
+            for (int j = lo; j < l; j++) {
+                const void *v = kv_row(V, NULL, j, d, h16);
+                if (!h16) { ops_axpy(o[q], p[q][j], v, d); continue; }
+                for (int cc = 0; cc < d; cc++) o[q][cc] += p[q][j] * KV_AT(v, cc, 1);
+            }
+        }
+    }
+}
+#define accum_multi_any accum_multi_fast
+#else
+#define accum_multi_any accum_multi_plain
+#endif
+
+void ops_attn_accum_multi_ref(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t,
+                              int d)
+{
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 0);
+}
+
+void ops_attn_accum_multi(float *O, int ldo, const float *P, int nq, const int *len, const float *V, int t, int d)
+{
+    accum_multi_any(O, ldo, P, nq, len, V, t, d, 0);
+}
+
+void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,
+                                  int t, int d)
+{
+    accum_multi_plain(O, ldo, P, nq, len, V, t, d, 1);
+}
+
+void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V, int t,
+                              int d)
+{
+    accum_multi_any(O, ldo, P, nq, len, V, t, d, 1);
+}
+
+/* ---- f16 conversion (round to nearest even, as gguf_f32_to_f16) ------------------------------ */
+
+void ops_f32_to_f16_ref(uint16_t *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = gguf_f32_to_f16(x[i]);
+}
+
+void ops_f32_to_f16(uint16_t *y, const float *x, int n)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) y[i] = gguf_f32_to_f16(x[i]);
+}
+
+void ops_f16_to_f32(float *y, const uint16_t *x, int n)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+#endif
+    for (; i < n; i++) y[i] = gguf_f16_to_f32(x[i]);
+}
+
+/* ---- element-wise ---------------------------------------------------------------------------- */
+
+void ops_rmsnorm(float *out, const float *x, const float *gamma, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * gamma[i];
+}
+
+/* expf with the fast exp's range: 0 below -87.336 (under FLT_MIN), exp(88.376) above 88.376;
+ * for the tails of the vector loops and the build without AVX2, so that every element of every
+ * build follows the same rule. */
+static inline float exp_clamped(float x)
+{
+    if (x < -87.3365478515625f) return 0;
+    return expf(x < 88.3762626647949f ? x : 88.3762626647949f);
+}
+
+#ifdef OPS_AVX2
+/* exp(x) for eight floats, within 2e-7 relative of expf (tests/test_ops.c measures it): x = n ln2
+ * + r with |r| <= ln2/2, exp(r) by Cephes' degree-7 expf polynomial, 2^n put into the exponent.
+ * Inputs above 88.376 give exp(88.376) (about 2.4e38, not inf); below -87.336 (results under
+ * FLT_MIN) give 0; NaN is not propagated. */
+static inline __m256 exp256(__m256 x)
+{
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+    const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+void ops_exp(float *y, const float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp256(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = exp_clamped(x[i]);
+}
+#else
+void ops_exp(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = exp_clamped(x[i]);
+}
+#endif
+
+void ops_softmax_ref(float *x, int n)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
+    float sum = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ops_softmax(float *x, int n)
+{
+#ifdef OPS_AVX2
+    int i = 0;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float max = _mm_cvtss_f32(m4);
+    for (; i < n; i++) if (x[i] > max) max = x[i];
+    const __m256 vm = _mm256_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum256(vsum);
+    for (; i < n; i++) { x[i] = exp_clamped(x[i] - max); sum += x[i]; }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(inv, _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) x[i] *= 1.0f / sum;
+#else
+    ops_softmax_ref(x, n);
+#endif
+}
+
+void ops_swiglu_ref(float *a, const float *b, int n)
+{
+    for (int i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+void ops_swiglu(float *a, const float *b, int n)
+{
+#ifdef OPS_AVX2
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(a + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
+    }
+    for (; i < n; i++) a[i] = a[i] / (1.0f + exp_clamped(-a[i])) * b[i];
+#else
+    ops_swiglu_ref(a, b, n);
+#endif
+}
+
