@@ -373,8 +373,7 @@ int cmd_run(int argc, char **argv)
     run_state *s = run_state_new_kv(m, (int)n_ctx, n_batch, &kvo, err);
     if (!s) { die("%s", err); goto out; }
     if (fasa) {
-        s->policy = &pol;
-        s->sparse_from = n_prompt;   /* prefill is dense */
+        if (attention_use_policy(s, &pol, n_prompt, err) < 0) { run_state_free(s); die("%s", err); goto out; }
     }
     sampler sp;
     if (sampler_init(&sp, cfg->n_vocab, (float)temp, (int)top_k, (float)top_p, (uint64_t)seed, err) < 0) {

@@ -42,15 +42,14 @@ static void env_close(env *e)
 }
 
 /* Logits of decode steps P..n-1 after a dense prefill of P, under a policy (NULL: full). */
-static float *decode_logits_kv(env *e, const policy *pol, int P, int n, int batch, const kv_opts *ko)
+static float *decode_logits_kv(env *e, policy *pol, int P, int n, int batch, const kv_opts *ko)
 {
     char err[FASA_ERRLEN];
     run_state *s = run_state_new_kv(e->m, n, 64, ko, err);
     cr_assert_not_null(s, "%s", err);
     const int V = e->m->cfg.n_vocab;
     for (int i = 0; i < P; i += 64) cr_assert_eq(model_forward(e->m, s, e->ids + i, P - i < 64 ? P - i : 64, 0, err), 0);
-    s->policy = pol;
-    s->sparse_from = P;
+    cr_assert_eq(attention_use_policy(s, pol, P, err), 0, "%s", err);
     float *out = malloc(sizeof(float) * (n - P) * V);
     for (int i = P; i < n; i += batch) {
         int nb = n - i < batch ? n - i : batch;
@@ -61,7 +60,7 @@ static float *decode_logits_kv(env *e, const policy *pol, int P, int n, int batc
     return out;
 }
 
-static float *decode_logits(env *e, const policy *pol, int P, int n, int batch)
+static float *decode_logits(env *e, policy *pol, int P, int n, int batch)
 {
     return decode_logits_kv(e, pol, P, n, batch, NULL);
 }
@@ -447,8 +446,7 @@ Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
     run_state *s = run_state_new_kv(e.m, 260, 64, &(kv_opts){ .n_split = 4 }, err);
     cr_assert_not_null(s, "%s", err);
     for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-    s->policy = &pol;
-    s->sparse_from = 200;
+    cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
     const uint64_t b0 = run_state_kv_bytes_read(s);
     cr_assert_eq(model_forward(e.m, s, e.ids + 200, 1, 0, err), 0, "%s", err);
     const uint64_t got = run_state_kv_bytes_read(s) - b0, t = 201, f = sizeof(float), d = c->d_head;
@@ -494,7 +492,8 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
             run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
             cr_assert_not_null(s, "%s", err);
             for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-            s->policy = &pol, s->sparse_from = 200, s->obs = k ? &watch : NULL;
+            cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
+            s->obs = k ? &watch : NULL;
             out[k] = malloc(sizeof(float) * 40 * V);
             const uint64_t b0 = run_state_kv_bytes_read(s);
             for (int i = 200; i < 240; i++) {
@@ -554,7 +553,7 @@ Test(attention, attend_hook_gets_the_same_rows, .timeout = 60)
     float *want = decode_logits(&e, &pol, 200, 240, 1);
     run_state *s = run_state_new(e.m, 240, 64, err);
     for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-    s->policy = &pol, s->sparse_from = 200;
+    cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
     s->attend_hook = cpu_hook, s->attend_ctx = (void *)(intptr_t)(c->n_head / c->n_kv_head);
     hook_calls = 0;
     float *got = malloc(sizeof(float) * 40 * V);

@@ -106,7 +106,7 @@ static double cv_rel(const float *a, const float *ref, size_t n)
 
 /* Greedy decoding: dense prefill of the prompt, then CV_STEPS steps under pol (NULL: full).
  * Fills toks and returns the steps' logits (CV_STEPS, vocab). */
-static float *cv_greedy(const model *m, const policy *pol, const int32_t *prompt, int32_t *toks)
+static float *cv_greedy(const model *m, policy *pol, const int32_t *prompt, int32_t *toks)
 {
     char err[FASA_ERRLEN];
     run_state *s = run_state_new(m, CV_PROMPT + CV_STEPS + 1, 64, err);
@@ -117,8 +117,7 @@ static float *cv_greedy(const model *m, const policy *pol, const int32_t *prompt
         int nb = CV_PROMPT - i < 64 ? CV_PROMPT - i : 64;
         cr_assert_eq(model_forward(m, s, prompt + i, nb, 0, err), 0, "%s", err);
     }
-    s->policy = pol;
-    s->sparse_from = CV_PROMPT;
+    cr_assert_eq(attention_use_policy(s, pol, CV_PROMPT, err), 0, "%s", err);
     for (int k = 0; k < CV_STEPS; k++) {
         if (k) cr_assert_eq(model_forward(m, s, &toks[k - 1], 1, 0, err), 0, "%s", err);
         const float *l = s->logits;

@@ -3,8 +3,8 @@
  *   model *m;  char err[FASA_ERRLEN];
  *   if (model_open(&m, "SmolLM2-135M-Instruct.Q4_1.gguf", err) < 0) ...;   // or an HF directory
  *   run_state *s = run_state_new(m, 4096, 64, err);      // context 4096, batches of up to 64
- *   model_forward(m, s, ids, n, 0, logits, 0);           // prefill: logits of the last position
- *   model_forward(m, s, &next, 1, n, logits, 0);         // one decode step
+ *   model_prefill(m, s, ids, n, NULL, err);              // the prompt; s->logits: the last position's
+ *   model_forward(m, s, &next, 1, 0, err);               // one decode step
  *   run_state_free(s); model_close(m);
  *
  * MODEL may be a GGUF file, a Hugging Face directory (config.json, model.safetensors or a sharded
@@ -117,41 +117,31 @@ typedef struct attn_obs {
 typedef struct run_state {
     int n_ctx, n_batch;
     int n_past;                  /* tokens in the cache */
+    int n_threads;               /* per-thread scratch is sized for this many (OpenMP's maximum) */
     kvcache kv;
-    /* scratch, (n_batch, ...) */
-    float *x, *xb, *q, *k, *v, *att_out, *ffa, *ffb;   /* (n_batch, width) */
-    float *scores;               /* (n_threads, n_ctx) */
-    int n_threads;
+    /* activations of a batch, (n_batch, width) */
+    float *x, *xb;               /* residual stream, normed input of a block (d_model) */
+    float *q, *k, *v;            /* rotated queries (n_head d_head); k, v before the cache */
+    float *att_out;              /* attention's output; the file-layout q before RoPE */
+    float *ffa, *ffb;            /* (d_ff) */
     float *logits;               /* (n_batch, n_vocab) */
-    const attn_obs *obs;
-    /* Sparse decoding (attention.h): queries at positions >= sparse_from attend to the tokens
-     * the policy selects; stats (when set) are updated by every query, dense or sparse. */
-    const struct policy *policy;
+    float *krow;                 /* (d_head) a rotated key on its way into the cache */
+    struct attn_work *attn;      /* the attention step's scratch (lib/fasa/attn_impl.h) */
+    /* Sparse decoding (attention.h: attention_use_policy): queries at positions >= sparse_from
+     * attend to the tokens the policy selects; stats (when set) are updated by every query. */
+    struct policy *policy;
     struct attn_stats *stats;
     int sparse_from;
-    int32_t *sel_idx;            /* (n_threads, n_ctx) */
-    float *sel_score;            /* (n_threads, n_ctx) */
-    uint64_t *sel_keys;          /* (n_threads, n_ctx) */
-    uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes read by attention (incl. selection) */
-    float *krow;                 /* (d_head) a rotated key on its way into the cache */
-    float *bscores;              /* (n_threads, n_batch, n_ctx) x2 with split keys: batched scores */
-    float *tip;                  /* (n_head, tip_ld) split keys: TIP scores of a decode step */
-    int tip_ld;                  /* n_ctx + 16 (forward.c says why) */
-    float *tipq;                 /* (n_head, d_head) split keys: each head's query on its own
-                                  * chunks of the block, zero elsewhere (fasa's block 2) */
+    const attn_obs *obs;
     /* Another engine for the attention step (a GPU): given a query and the rows to read (idx
-     * NULL: 0..n-1) at position pos, it writes out[d_head] and returns 0, or < 0 with a message in err. While
-     * set, every query goes through the one-query path and calls it instead of the CPU kernels
-     * (selection stays on the CPU). */
+     * NULL: 0..n-1) at position pos, it writes out[d_head] and returns 0, or < 0 with a message
+     * in err. While set, every query goes through the per-query path and calls it instead of
+     * the CPU kernels (selection stays on the CPU). */
     int (*attend_hook)(void *ctx, const struct run_state *s, int layer, int head, int pos, const float *q,
                        const int32_t *idx, int n, float *out, char *err);
     void *attend_ctx;
-    float *dscores, *dpart;      /* decode attention split along the sequence: scores, partials */
-    uint64_t *cand;              /* (threads, n_head, budget) FASA decode: each thread's picks per
-                                  * head (forward.c: decode_fasa) */
-    size_t cand_cap;
-    int *cand_n;                 /* (n_threads, n_head) how many */
-    double t_attn;               /* seconds in attention (cache writes, selection, softmax) */
+    uint64_t *bytes_kv;          /* (n_threads * 8) KV bytes attention read, selection included */
+    double t_attn;               /* seconds in attention (RoPE, cache writes, selection, softmax) */
 } run_state;
 
 run_state *run_state_new(const model *m, int n_ctx, int n_batch, char *err);
@@ -161,10 +151,12 @@ void run_state_free(run_state *s);
 void run_state_reset(run_state *s);
 uint64_t run_state_kv_bytes_read(const run_state *s);   /* summed over threads since the last reset */
 
-/* Runs n tokens at positions s->n_past.., appends them to the cache. If all_logits, writes
- * (n, n_vocab) logits to s->logits, else only the last position's (row 0). Returns 0 or < 0
- * (context full). */
-int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits,
-                  char *err);
+/* Runs n <= n_batch tokens at positions s->n_past.., appends them to the cache. If all_logits,
+ * writes (n, n_vocab) logits to s->logits, else only the last position's (row 0). Returns 0 or
+ * < 0 (context full, a bad token id, an attention hook's failure). */
+int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits, char *err);
+/* Any number of tokens, in batches of s->n_batch. all_logits: (n, n_vocab) floats to receive
+ * every position's logits, or NULL. Afterwards s->logits row 0 holds the last position's. */
+int model_prefill(const model *m, run_state *s, const int32_t *tokens, int n, float *all_logits, char *err);
 
 #endif

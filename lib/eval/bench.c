@@ -288,8 +288,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                 if ((rc = policy_init(&pol, m, &o, err)) < 0) goto next;
                 snap_restore(&sn, &st);
                 s->n_past = P;
-                s->policy = &pol;
-                s->sparse_from = P;
+                if ((rc = attention_use_policy(s, &pol, P, err)) < 0) { policy_free(&pol); goto next; }
                 /* h2o's scores depend on the previous step: one token at a time */
                 const int batch = o.kind == POLICY_H2O ? 1 : s->n_batch;
                 double nll = 0;
@@ -298,7 +297,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                     rc = model_forward(m, s, ids + P + i, nb, 1, err);
                     for (int j = 0; j < nb && rc == 0; j++) nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
                 }
-                s->policy = NULL;
+                attention_use_policy(s, NULL, 0, NULL);
                 policy_free(&pol);
                 if (rc < 0) goto next;
                 if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M), nll / M, -1) < 0) {
@@ -398,8 +397,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                         if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
                         snap_restore(&sn, &st);
                         s->n_past = n - 1;
-                        s->policy = &pol;
-                        s->sparse_from = n - 1;
+                        if ((rc = attention_use_policy(s, &pol, n - 1, err)) < 0) { policy_free(&pol); break; }
                         char outbuf[256];
                         size_t ol = 0;
                         int32_t tok = ids[n - 1];
@@ -411,7 +409,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                             if (pl > 0 && ol + pl < sizeof outbuf - 1) memcpy(outbuf + ol, piece, pl), ol += pl;
                         }
                         outbuf[ol] = 0;
-                        s->policy = NULL;
+                        attention_use_policy(s, NULL, 0, NULL);
                         policy_free(&pol);
                         hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] += strstr(outbuf, want) != NULL;
                     }

@@ -148,7 +148,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             s->stats = &x->st;
             for (int l = 0; l < c->n_layer; l++) attn_stats_append(&x->st, s, l, deepest);
         }
-        if (x->have_pol) s->policy = &x->pol, s->sparse_from = 0;
+        if (x->have_pol && (rc = attention_use_policy(s, &x->pol, 0, err)) < 0) break;
         double a1, f1;
         rss(&a1, &f1);
         x->anon_mb = a1 - a0, x->file_mb = f1 - f0;

@@ -1,337 +1,314 @@
-/* attention.c - token selection policies (FASA and baselines) and their running statistics. */
-#include "attention.h"
-
-#include <float.h>
+/* attention.c - the attention step of one layer: the batch's rotated queries (s->q) against the
+ * cache, which already holds the batch's keys and values; writes s->att_out. The step picks one
+ * of four paths, once per layer (attn_path_of), and every path lives here or in fasa_decode.c. */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sampler.h"
-#include "topk.h"
+#include "attn_impl.h"
+#include "ops.h"
 
-static const char *const names[POLICY_COUNT] = {
-    "full", "fasa", "oracle", "stream", "snapkv", "h2o", "quest", "random",
+enum attn_path {
+    ATTN_DENSE_BATCH,   /* several queries, none sparse: per head, all of them in one pass over the cache */
+    ATTN_DENSE_DECODE,  /* one query, every head dense: by KV group, the sequence cut into parts */
+    ATTN_FASA_DECODE,   /* one query, FASA over the dominant key block with forced rows (fasa_decode.c) */
+    ATTN_PER_QUERY,     /* anything else: each (query, head) asks the policy for its rows and attends */
 };
 
-const char *policy_name(enum policy_kind k) { return k < POLICY_COUNT ? names[k] : "?"; }
-
-int policy_parse(const char *name, enum policy_kind *out)
+struct attn_work *attn_work_new(const model *m, int n_ctx, int n_batch, int split, int n_threads, char *err)
 {
-    for (int k = 0; k < POLICY_COUNT; k++)
-        if (!strcmp(name, names[k])) return *out = (enum policy_kind)k, 0;
-    if (!strcmp(name, "fasa-c") || !strcmp(name, "fasa-m")) return *out = POLICY_FASA, 0;
-    return -1;
-}
-
-int policy_parse_layers(const char *s, char sep, uint64_t *mask)
-{
-    uint64_t m = 0;
-    for (const char *p = s; *p;) {
-        char *end;
-        long l = strtol(p, &end, 10);
-        if (end == p || l < 0 || l > 63 || (*end && *end != sep)) return -1;
-        m |= 1ull << l;
-        p = *end ? end + 1 : end;
-    }
-    *mask |= m;
-    return 0;
-}
-
-policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
-{
-    policy_opts o = { .kind = kind, .budget = budget, .fcs = m->cfg.d_head / 8, .n_dense_layers = 1,
-                      .window = 32, .page = 16, .seed = 1 };
-    if (kind == POLICY_STREAM) o.n_sink = 4;
-    if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = -1;
-    return o;
-}
-
-int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
-{
-    memset(p, 0, sizeof *p);
-    p->o = *o;
-    p->m = m;
     const model_config *c = &m->cfg;
-    const int nc = c->d_head / 2;
-    if (o->budget < 1) return fasa_error(err, FASA_EARG, "the budget must be at least 1 token");
-    if (o->kind != POLICY_FASA && o->kind != POLICY_RANDOM) return 0;
-    if (o->fcs < 1 || o->fcs > nc) return fasa_error(err, FASA_EARG, "F must be between 1 and %d chunks", nc);
-    if (o->kind == POLICY_FASA && !o->prof)
-        return fasa_error(err, FASA_EARG, "fasa needs a calibration profile (fasa calibrate MODEL)");
-    p->n_dom = 2 * o->fcs;
-    p->dom = malloc(sizeof(int16_t) * c->n_layer * c->n_head * p->n_dom);
-    if (!p->dom) return fasa_error(err, FASA_ENOMEM, "out of memory");
-    int16_t dims[1024];
-    uint64_t rng = o->seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int l = 0; l < c->n_layer; l++)
-        for (int h = 0; h < c->n_head; h++) {
-            const int g = h / (c->n_head / c->n_kv_head);
-            enum chunk_def def = o->prof ? o->prof->chunks : CHUNKS_PLANE;
-            profile_chunk_dims(m, l, g, def, dims);
-            int16_t chosen[512];
-            if (o->kind == POLICY_FASA) {
-                const int16_t *r = o->group || o->block == 1 ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
-                memcpy(chosen, r, sizeof(int16_t) * o->fcs);
-            } else {
-                /* F distinct chunks drawn uniformly (partial Fisher-Yates) */
-                int16_t all[512];
-                for (int j = 0; j < nc; j++) all[j] = (int16_t)j;
-                for (int j = 0; j < o->fcs; j++) {
-                    int r = j + (int)(sampler_rand(&rng) * (nc - j));
-                    if (r >= nc) r = nc - 1;
-                    int16_t t = all[j]; all[j] = all[r]; all[r] = t;
-                    chosen[j] = all[j];
-                }
-            }
-            int16_t *dst = p->dom + ((size_t)l * c->n_head + h) * p->n_dom;
-            for (int j = 0; j < o->fcs; j++) dst[2 * j] = dims[2 * chosen[j]], dst[2 * j + 1] = dims[2 * chosen[j] + 1];
-            for (int j = 0; j < p->n_dom; j++) p->dom_end = dst[j] + 1 > p->dom_end ? dst[j] + 1 : p->dom_end;
-        }
+    struct attn_work *w = calloc(1, sizeof *w);
+    if (!w) return fasa_error(err, FASA_ENOMEM, "out of memory"), NULL;
+    const size_t T = n_threads, N = n_ctx, grp = c->n_head / c->n_kv_head;
+    *w = (struct attn_work){ .n_threads = n_threads, .n_ctx = n_ctx, .n_batch = n_batch, .grp = (int)grp,
+                             .d_head = c->d_head };
+    w->scores = malloc(T * N * sizeof(float));
+    w->tmp = malloc(T * N * sizeof(float));
+    w->dscores = malloc(T * 2 * grp * N * sizeof(float));
+    /* two score blocks per thread with split keys: the dominant block's and the rest's */
+    w->bscores = n_batch > 1 ? malloc(T * (split ? 2 : 1) * n_batch * N * sizeof(float)) : NULL;
+    w->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
+    if (!w->scores || !w->tmp || !w->dscores || !w->dpart || (n_batch > 1 && !w->bscores)) {
+        attn_work_free(w);
+        return fasa_error(err, FASA_ENOMEM, "out of memory for attention over %d tokens", n_ctx), NULL;
+    }
+    return w;
+}
+
+void attn_work_free(struct attn_work *w)
+{
+    if (!w) return;
+    free(w->scores); free(w->tmp); free(w->dscores); free(w->bscores); free(w->dpart);
+    free(w);
+}
+
+int attention_use_policy(run_state *s, policy *p, int sparse_from, char *err)
+{
+    if (p && policy_reserve(p, s->n_ctx, s->n_threads, err) < 0) return FASA_ENOMEM;
+    s->policy = p;
+    s->sparse_from = sparse_from;
     return 0;
 }
 
-void policy_free(policy *p)
-{
-    free(p->dom);
-    p->dom = NULL;
-}
+static inline void count_bytes(run_state *s, uint64_t b) { s->bytes_kv[8 * omp_get_thread_num()] += b; }
 
-int policy_stats_flags(const policy *p)
+/* Exact attention of one query over the cached rows idx[0..n) (idx NULL: 0..n-1) of one KV head;
+ * leaves the softmax weights in scores. With split keys a score is the dominant block's dot
+ * product plus the rest's (tmp: n floats). */
+static void attend(float *out, const float *q, const kvcache *kv, int l, int g, const int32_t *idx, int n,
+                   float *scores, float *tmp)
 {
-    switch (p->o.kind) {
-    case POLICY_QUEST: return STATS_QUEST;
-    case POLICY_SNAPKV: return STATS_SNAPKV;
-    case POLICY_H2O: return STATS_H2O;
-    default: return 0;
+    const int d = kv->d_head, ns = kv->n_split;
+    const float scale = 1.0f / sqrtf((float)d);
+    if (idx) kvcache_prefetch(kv, l, g, idx, n);
+    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores, n);
+    if (ns) {
+        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + ns, 1, d, scale, tmp, n);
+        for (int i = 0; i < n; i++) scores[i] += tmp[i];
     }
+    ops_softmax(scores, n);
+    kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, out, d);
 }
 
-/* ---------------------------------------------------------------- selection */
-
-/* TIP: partial scores over the dominant dims only (2F values of each key). */
-static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g, int t, const int16_t *dom,
-                       int n_dom, int add)
+/* Unnormalised attention of nq queries (ldq apart) over rows [a, a + len) or idx[0..len): each
+ * query's max score, sum of exp and weighted values go to part (stride d + 2), to be merged. */
+static void attend_part(float *part, const float *Q, int nq, int ldq, const kvcache *kv, int l, int g, int a,
+                        const int32_t *idx, int len, float *S, float *T)
 {
-    float qd[1024], row[1024];
-    for (int j = 0; j < n_dom; j++) qd[j] = q[dom[j]];
-    for (int i = 0; i < t; i++) {
-        const float *k = kvcache_key_row(kv, l, g, i, row);
-        float acc = 0;
-        for (int j = 0; j < n_dom; j++) acc += qd[j] * k[dom[j]];
-        S[i] = add ? S[i] + acc : acc;
+    const int d = kv->d_head, ns = kv->n_split;
+    const float scale = 1.0f / sqrtf((float)d);
+    if (len <= 0) {
+        for (int h = 0; h < nq; h++) part[h * (d + 2)] = -INFINITY, part[h * (d + 2) + 1] = 0;
+        return;
     }
+    if (idx) kvcache_prefetch(kv, l, g, idx, len);
+    kvcache_scores(kv, KV_KEYS, l, g, a, idx, len, Q, nq, ldq, scale, S, len);
+    if (ns) {
+        kvcache_scores(kv, KV_REST, l, g, a, idx, len, Q + ns, nq, ldq, scale, T, len);
+        for (int i = 0; i < nq * len; i++) S[i] += T[i];
+    }
+    for (int h = 0; h < nq; h++) {
+        float *row = S + (size_t)h * len, mx = row[0], sum = 0;
+        for (int i = 1; i < len; i++) mx = row[i] > mx ? row[i] : mx;
+        for (int i = 0; i < len; i++) row[i] -= mx;
+        ops_exp(row, row, len);
+        for (int i = 0; i < len; i++) sum += row[i];
+        part[h * (d + 2)] = mx, part[h * (d + 2) + 1] = sum;
+    }
+    if (nq == 1) {
+        kvcache_accum(kv, l, g, a, idx, len, S, 1, NULL, part + 2, d);
+        return;
+    }
+    float out[8 * 1024];   /* (nq, d): nq <= 8, d <= 1024 (attn_path_of) */
+    kvcache_accum(kv, l, g, a, idx, len, S, nq, NULL, out, d);
+    for (int h = 0; h < nq; h++) memcpy(part + h * (d + 2) + 2, out + (size_t)h * d, sizeof(float) * d);
 }
 
-/* Scores that make forced tokens win over any real score and keep their order among themselves:
- * 2^100 (1 + i 2^-23) is exact and strictly increasing in i for i < 2^23, so later tokens win
- * ties; sinks sit one power of two higher. */
-static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
-static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
-
-int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
+static float *dpart_slot(const run_state *s, int g, int p, int h)
 {
-    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
-    *lo = o->n_sink < t ? o->n_sink : t;
-    *hi = t - recent > *lo ? t - recent : *lo;
-    return *lo + (t - *hi) < budget;
+    const struct attn_work *w = s->attn;
+    return w->dpart + (((size_t)g * DECODE_PARTS + p) * w->grp + h) * (w->d_head + 2);
 }
 
-int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
-                  int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc)
+void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
 {
-    const policy_opts *o = &p->o;
-    const model_config *c = &p->m->cfg;
-    const int t = pos + 1, d = c->d_head, group = c->n_head / c->n_kv_head, g = head / group;
-    if (o->kind == POLICY_FULL || budget >= t || policy_layer_dense(o, layer)) return -1;
+    const struct attn_work *w = s->attn;
+    const int d = m->cfg.d_head, tid = omp_get_thread_num();
+    float *S = w->dscores + (size_t)tid * 2 * w->grp * w->n_ctx;
+    attend_part(dpart_slot(s, g, p, 0), s->q + (size_t)g * w->grp * d, w->grp, d, &s->kv, l, g, a, NULL, b - a, S,
+                S + (size_t)w->grp * w->n_ctx);
+    if (b > a) count_bytes(s, (uint64_t)(b - a) * 2 * d * kvcache_esz(&s->kv));
+}
+
+void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n)
+{
+    const struct attn_work *w = s->attn;
+    const int d = m->cfg.d_head, g = h / w->grp, tid = omp_get_thread_num();
+    attend_part(dpart_slot(s, g, 2, h % w->grp), s->q + (size_t)h * d, 1, d, &s->kv, l, g, 0, idx, n,
+                w->scores + (size_t)tid * w->n_ctx, w->tmp + (size_t)tid * w->n_ctx);
+    count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
+}
+
+void attn_merge(const model *m, run_state *s, int P)
+{
+    const model_config *c = &m->cfg;
+    const int d = c->d_head, grp = c->n_head / c->n_kv_head;
+    for (int g = 0; g < c->n_kv_head; g++)
+        for (int h = 0; h < grp; h++) {
+            float mx = -INFINITY, sum = 0;
+            for (int p = 0; p < P; p++) {
+                const float v = dpart_slot(s, g, p, h)[0];
+                mx = v > mx ? v : mx;
+            }
+            float *out = s->att_out + (size_t)(g * grp + h) * d;
+            memset(out, 0, sizeof(float) * d);
+            for (int p = 0; p < P; p++) {
+                const float *part = dpart_slot(s, g, p, h);
+                if (part[1] == 0) continue;
+                const float wt = expf(part[0] - mx);
+                sum += wt * part[1];
+                for (int j = 0; j < d; j++) out[j] += wt * part[2 + j];
+            }
+            const float inv = 1.0f / sum;
+            for (int j = 0; j < d; j++) out[j] *= inv;
+        }
+}
+
+/* Dense attention of queries r0..r1-1 of a batch (positions n_past + r) for head h, in one pass
+ * over the cache: every key and value row is read once for all of them. Calls the observer and
+ * updates the statistics per query, as the per-query path does. */
+static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int r1)
+{
+    const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
-    const float *q = q_tok + (size_t)head * d;
-    float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
-
-    const int ns = s->kv.n_split;
-    switch (o->kind) {
-    case POLICY_FASA:
-        if (sc->tip) break;   /* S already holds this head's TIP scores */
-        if (ns && ns == p->n_dom && (o->block == 1 || o->group)) {
-            /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
-             * streams it (the group's dims for every head of the group) */
-            if (o->group) {
-                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)g * group * d, 1, d, 1.0f, S, t);
-                float *tmp = (float *)sc->sel;
-                for (int h = g * group + 1; h < (g + 1) * group; h++) {
-                    kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)h * d, 1, d, 1.0f, tmp, t);
-                    for (int i = 0; i < t; i++) S[i] += tmp[i];
-                }
-            } else {
-                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
-            }
-            break;
-        }
-        /* fall through */
-    case POLICY_RANDOM:
-        if (o->group && o->kind == POLICY_FASA) {
-            const int16_t *dom = p->dom + ((size_t)layer * c->n_head + g * group) * p->n_dom;
-            for (int h = g * group; h < (g + 1) * group; h++)
-                tip_scores(S, q_tok + (size_t)h * d, &s->kv, layer, g, t, dom, p->n_dom, h > g * group);
-        } else {
-            tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
-        }
-        break;
-    case POLICY_ORACLE:
-        kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
-        if (ns) {
-            float *tmp = (float *)sc->sel;
-            kvcache_scores(kv, KV_REST, layer, g, 0, NULL, t, q + ns, 1, d, 1.0f, tmp, t);
-            for (int i = 0; i < t; i++) S[i] += tmp[i];
-        }
-        break;
-    case POLICY_STREAM:
-        for (int i = 0; i < t; i++) S[i] = (float)i;
-        break;
-    case POLICY_SNAPKV: {
-        /* Prompt tokens keep the votes the observation window gave them at prefill; the window
-         * and everything after it are kept, most recent first, within the same budget. */
-        const float *v = st->votes + ((size_t)layer * c->n_head + head) * st->n_ctx;
-        const int lo = st->snap_lo;
-        for (int i = 0; i < t; i++) {
-            if (i >= lo) { S[i] = forced(i); continue; }
-            /* max-pool over 7 neighbours smooths the votes, as SnapKV does */
-            float mx = v[i];
-            for (int j = i - 3; j <= i + 3; j++)
-                if (j >= 0 && j < lo && v[j] > mx) mx = v[j];
-            S[i] = mx;
-        }
-        break;
+    const struct attn_work *w = s->attn;
+    const int d = c->d_head, qd = c->n_head * d, g = h / w->grp, ns = kv->n_split;
+    const int nq = r1 - r0, t = s->n_past + r1;   /* the last query sees t keys */
+    const float scale = 1.0f / sqrtf((float)d);
+    const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
+    const size_t blk = (size_t)w->n_batch * w->n_ctx;
+    float *S = w->bscores + (size_t)omp_get_thread_num() * blk * (ns ? 2 : 1), *T = S + blk;
+    kvcache_scores(kv, KV_KEYS, l, g, 0, NULL, t, Q, nq, qd, scale, S, t);
+    if (ns) {
+        kvcache_scores(kv, KV_REST, l, g, 0, NULL, t, Q + ns, nq, qd, scale, T, t);
+        for (size_t i = 0; i < (size_t)nq * t; i++) S[i] += T[i];
     }
-    case POLICY_H2O: {
-        /* half heavy hitters by accumulated attention, half recent */
-        const float *acc = st->h2o + ((size_t)layer * c->n_head + head) * st->n_ctx;
-        const int recent = budget / 2;
-        for (int i = 0; i < t; i++) S[i] = i >= t - recent ? forced(i) : acc[i];
-        break;
+    int len[512];
+    for (int i = 0; i < nq; i++) {
+        const int pos = s->n_past + r0 + i;
+        len[i] = pos + 1;
+        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, Q + (size_t)i * qd);
+        ops_softmax(S + (size_t)i * t, len[i]);
+        if (s->stats) attn_stats_observe(s->stats, l, h, pos, S + (size_t)i * t, NULL, len[i]);
+        count_bytes(s, (uint64_t)len[i] * 2 * d * kvcache_esz(kv));
     }
-    case POLICY_QUEST: {
-        /* page score = sum_i max(q_i max_i, q_i min_i) over full pages; the current partial page
-         * always stays */
-        const int P = st->page, full = t / P;
-        const float *mn = st->page_min + ((size_t)layer * c->n_kv_head + g) * (st->n_ctx / P + 1) * d;
-        const float *mx = st->page_max + ((size_t)layer * c->n_kv_head + g) * (st->n_ctx / P + 1) * d;
-        for (int pg = 0; pg < full; pg++) {
-            float sc2 = 0;
-            for (int j = 0; j < d; j++) sc2 += fmaxf(q[j] * mx[(size_t)pg * d + j], q[j] * mn[(size_t)pg * d + j]);
-            for (int i = pg * P; i < (pg + 1) * P; i++) S[i] = sc2;
-        }
-        for (int i = full * P; i < t; i++) S[i] = forced(i);
-        break;
-    }
-    default:
-        return -1;
-    }
-    /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
-     * rest is selected from the tokens between them, and the indices stay ascending */
-    int lo, hi;
-    const int room = policy_forced(o, t, budget, &lo, &hi), recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
-    if (o->kind != POLICY_STREAM && room) {
-        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
-        for (int i = 0; i < lo; i++) idx[i] = i;
-        for (int j = lo; j < lo + m; j++) idx[j] += lo;
-        for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
-        return lo + m + (t - hi);
-    }
-    for (int i = 0; i < o->n_sink && i < t; i++) S[i] = forced_sink(i);
-    if (o->kind == POLICY_STREAM) {
-        for (int i = 0; i < t; i++) S[i] = i < o->n_sink ? forced_sink(i) : (float)i;
-    } else {
-        for (int i = t - recent; i < t; i++)
-            if (i >= 0) S[i] = forced(i);
-    }
-    return topk_indices(S, t, budget, idx, sc->sel);
+    kvcache_accum(kv, l, g, 0, NULL, t, S, nq, len, s->att_out + (size_t)r0 * qd + (size_t)h * d, qd);
 }
 
-/* ---------------------------------------------------------------- statistics */
-
-int attn_stats_init(attn_stats *st, const model *m, int n_ctx, int flags, int n_prefill, char *err)
+/* The per-query path: each (query, head) of the batch asks the policy for its rows (or attends
+ * densely) and attends to them; observers and statistics see every query. With tip, the policy
+ * finds this step's TIP scores already in p->tip. Returns < 0 when the attention hook failed. */
+static int attend_each(const model *m, run_state *s, int l, int n, int tip, char *err)
 {
     const model_config *c = &m->cfg;
-    memset(st, 0, sizeof *st);
-    *st = (attn_stats){ .flags = flags, .n_layer = c->n_layer, .n_head = c->n_head, .n_kv = c->n_kv_head,
-                        .d = c->d_head, .n_ctx = n_ctx, .n_threads = omp_get_max_threads(), .page = 16 };
-    const size_t lh = (size_t)c->n_layer * c->n_head * n_ctx;
-    int ok = 1;
-    if (flags & STATS_QUEST) {
-        size_t n = (size_t)c->n_layer * c->n_kv_head * (n_ctx / st->page + 1) * c->d_head;
-        st->page_min = malloc(n * sizeof(float));
-        st->page_max = malloc(n * sizeof(float));
-        st->pages_done = calloc((size_t)c->n_layer * c->n_kv_head, sizeof(int));
-        ok = st->page_min && st->page_max && st->pages_done;
+    const struct attn_work *w = s->attn;
+    policy *p = s->policy;
+    const int H = c->n_head, dh = c->d_head, qd = H * dh;
+    const size_t esz = kvcache_esz(&s->kv);
+    int hook_failed = 0;
+    char hook_err[FASA_ERRLEN] = "";
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+    for (int ih = 0; ih < n * H; ih++) {
+        const int i = ih / H, h = ih % H, g = h / w->grp, pos = s->n_past + i, tid = omp_get_thread_num();
+        const float *q = s->q + (size_t)i * qd + h * dh;
+        float *scores = w->scores + (size_t)tid * w->n_ctx, *tmp = w->tmp + (size_t)tid * w->n_ctx;
+        float *out = s->att_out + (size_t)i * qd + h * dh;
+        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, q);
+        int n_sel = -1;
+        int32_t *idx = NULL;
+        if (p && pos >= s->sparse_from) {
+            idx = p->idx + (size_t)tid * p->n_ctx;
+            policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
+                                  tip ? p->tip + (size_t)h * p->tip_ld : NULL };
+            n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, p->o.budget, idx, &sc);
+            /* TIP's bytes: the block once per KV group when the group scored together */
+            if (n_sel >= 0 && (!tip || h % w->grp == 0))
+                count_bytes(s, attn_select_bytes(p, pos + 1, dh, s->kv.n_split, esz));
+        }
+        const int rows = n_sel < 0 ? pos + 1 : n_sel;
+        if (n_sel < 0) idx = NULL;
+        if (s->attend_hook) {
+            char herr[FASA_ERRLEN];
+            if (s->attend_hook(s->attend_ctx, s, l, h, pos, q, idx, rows, out, herr) < 0) {
+#pragma omp critical(fasa_hook_err)
+                if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
+            }
+        } else {
+            attend(out, q, &s->kv, l, g, idx, rows, scores, tmp);
+            if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, rows);
+        }
+        count_bytes(s, (uint64_t)rows * 2 * dh * esz);
     }
-    if (flags & STATS_SNAPKV) {
-        st->snap_hi = n_prefill;
-        st->snap_lo = n_prefill - 32 > 0 ? n_prefill - 32 : 0;
-        ok = ok && (st->votes = calloc(lh * st->n_threads, sizeof(float)));
+    return hook_failed ? fasa_error(err, FASA_EIO, "%s", hook_err) : 0;
+}
+
+/* TIP over the dominant block can serve this step: one decode query of a FASA policy whose
+ * block the cache keeps contiguous (the group's top chunks, or the union of its heads' own). */
+static int tip_block_ok(const model *m, const run_state *s)
+{
+    const policy *p = s->policy;
+    const int ns = s->kv.n_split;
+    return p && p->o.kind == POLICY_FASA && !p->o.group && p->tip && m->cfg.n_head / m->cfg.n_kv_head <= 8 &&
+           ((p->o.block == 1 && ns == p->n_dom) || (p->o.block == 2 && p->dom_end <= ns));
+}
+
+/* The path of layer l for a batch of n tokens at positions n_past.. (see enum attn_path). */
+static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
+{
+    policy *p = s->policy;
+    const int t1 = s->n_past + 1, grp = m->cfg.n_head / m->cfg.n_kv_head;
+    const int sparse = p && s->n_past + n > s->sparse_from;   /* some query of the batch */
+    if (s->attend_hook) return ATTN_PER_QUERY;
+    if (n > 1) return !sparse && n <= 512 && s->attn->bscores ? ATTN_DENSE_BATCH : ATTN_PER_QUERY;
+    const int dense = !sparse || p->o.kind == POLICY_FULL || p->o.budget >= t1 || policy_layer_dense(&p->o, l);
+    if (dense) return !s->obs && !s->stats && grp <= 8 && m->cfg.d_head <= 1024 ? ATTN_DENSE_DECODE : ATTN_PER_QUERY;
+    int lo, hi;
+    if (tip_block_ok(m, s) && !s->obs && !s->stats && policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
+        const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
+        const int mid = p->o.budget - lo - (t1 - hi);
+        if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)
+            return ATTN_FASA_DECODE;
     }
-    if (flags & STATS_H2O) ok = ok && (st->h2o = calloc(lh * st->n_threads, sizeof(float)));
-    if (!ok) {
-        attn_stats_free(st);
-        return fasa_error(err, FASA_ENOMEM, "out of memory for attention statistics");
+    return ATTN_PER_QUERY;
+}
+
+int attention_layer(const model *m, run_state *s, int l, int n, char *err)
+{
+    const model_config *c = &m->cfg;
+    const int t1 = s->n_past + 1;
+    switch (attn_path_of(m, s, l, n)) {
+    case ATTN_DENSE_BATCH: {
+        /* per head, in two halves so that two threads share nine heads evenly */
+        const int halves = n >= 16 ? 2 : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
+        for (int it = 0; it < c->n_head * halves; it++) {
+            const int h = it / halves, part = it % halves;
+            attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves);
+        }
+        return 0;
+    }
+    case ATTN_DENSE_DECODE: {
+        const int P = decode_parts(t1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
+        for (int it = 0; it < c->n_kv_head * P; it++) {
+            const int g = it / P, p = it % P;
+            attn_rows(m, s, l, g, p, (int)((int64_t)p * t1 / P), (int)((int64_t)(p + 1) * t1 / P));
+        }
+        attn_merge(m, s, P);
+        return 0;
+    }
+    case ATTN_FASA_DECODE: {
+        const policy *p = s->policy;
+        int lo, hi, ldq;
+        policy_forced(&p->o, t1, p->o.budget, &lo, &hi);
+        const float *tq = fasa_tip_queries(m, s, l, &ldq);
+        const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
+        fasa_decode(m, s, l, lo, hi, p->o.budget - lo - (t1 - hi), tq, ldq, threads);
+        return 0;
+    }
+    case ATTN_PER_QUERY: {
+        /* one decode query of a FASA policy with the block: TIP for a group's heads in one pass */
+        const int tip = n == 1 && !s->attend_hook && s->n_past >= s->sparse_from && tip_block_ok(m, s);
+        if (tip) {
+            int ldq;
+            const float *tq = fasa_tip_queries(m, s, l, &ldq);
+            fasa_tip_all(m, s, l, tq, ldq);
+        }
+        return attend_each(m, s, l, n, tip, err);
+    }
     }
     return 0;
-}
-
-void attn_stats_free(attn_stats *st)
-{
-    free(st->page_min); free(st->page_max); free(st->pages_done); free(st->votes); free(st->h2o);
-    memset(st, 0, sizeof *st);
-}
-
-void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cached)
-{
-    if (!(st->flags & STATS_QUEST)) return;
-    const int d = st->d, P = st->page, stride = st->n_ctx / P + 1;
-    for (int g = 0; g < st->n_kv; g++) {
-        int *done = &st->pages_done[(size_t)layer * st->n_kv + g];
-        float row[1024];
-        float *mn = st->page_min + ((size_t)layer * st->n_kv + g) * stride * d;
-        float *mx = st->page_max + ((size_t)layer * st->n_kv + g) * stride * d;
-        for (; (*done + 1) * P <= n_cached; (*done)++) {
-            float *a = mn + (size_t)*done * d, *b = mx + (size_t)*done * d;
-            for (int j = 0; j < d; j++) a[j] = FLT_MAX, b[j] = -FLT_MAX;
-            for (int i = *done * P; i < (*done + 1) * P; i++) {
-                const float *k = kvcache_key_row(&s->kv, layer, g, i, row);
-                for (int j = 0; j < d; j++) {
-                    float v = k[j];
-                    a[j] = fminf(a[j], v);
-                    b[j] = fmaxf(b[j], v);
-                }
-            }
-        }
-    }
-}
-
-void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p, const int32_t *idx, int n)
-{
-    const size_t off = (size_t)omp_get_thread_num() * st->n_layer * st->n_head * st->n_ctx +
-                       ((size_t)layer * st->n_head + head) * st->n_ctx;
-    float *dst[2] = { NULL, NULL };
-    if (st->votes && pos >= st->snap_lo && pos < st->snap_hi) dst[0] = st->votes + off;
-    if (st->h2o) dst[1] = st->h2o + off;
-    for (int k = 0; k < 2; k++) {
-        if (!dst[k]) continue;
-        if (idx) for (int i = 0; i < n; i++) dst[k][idx[i]] += p[i];
-        else for (int i = 0; i < n; i++) dst[k][i] += p[i];
-    }
-}
-
-void attn_stats_reduce(attn_stats *st, int layer)
-{
-    float *arrs[2] = { st->votes, st->h2o };
-    const size_t per = (size_t)st->n_layer * st->n_head * st->n_ctx, lay = (size_t)st->n_head * st->n_ctx;
-    for (int k = 0; k < 2; k++) {
-        if (!arrs[k]) continue;
-        float *base = arrs[k] + layer * lay;
-        for (int t = 1; t < st->n_threads; t++) {
-            float *other = base + t * per;
-            for (size_t i = 0; i < lay; i++) base[i] += other[i], other[i] = 0;
-        }
-    }
 }

@@ -1,15 +1,22 @@
-/* attention.h - which cached tokens a decode query reads: one policy interface for FASA and the
- * baselines, plus the running statistics some of them need.
+/* attention.h - the attention step of a layer, and which cached tokens a decode query reads: one
+ * policy interface for FASA and the baselines, plus the running statistics some of them need.
  *
  *   policy p;
- *   policy_init(&p, m, &(policy_opts){ .kind = POLICY_FASA, .budget = 256, .fcs = 8,
- *                                      .n_dense_layers = 1, .prof = &prof }, err);
+ *   policy_opts o = policy_defaults(POLICY_FASA, m, 256);   // budget 256, 4 sinks, N/2 recent
+ *   o.prof = &prof;
+ *   if (policy_init(&p, m, &o, err) < 0) ...;
  *   attn_stats st;                         // Quest pages, SnapKV votes, H2O scores, as needed
  *   attn_stats_init(&st, m, n_ctx, policy_stats_flags(&p), n_prefill, err);
- *   s->policy = &p; s->stats = &st; s->sparse_from = n_prefill;   // prefill stays dense
- *   model_forward(...);                    // decode steps now attend to the selected tokens
+ *   s->stats = &st;
+ *   attention_use_policy(s, &p, n_prefill, err);   // prefill stays dense; sizes p's scratch
+ *   model_forward(m, s, &tok, 1, 0, err);          // decode steps attend to the selected tokens
+ *   policy_free(&p); attn_stats_free(&st);
  *
- * Every policy reads the cache in place through kvcache_k / kvcache_v; nothing copies it.
+ * model_forward calls attention_layer once per layer. It picks one of four paths (attention.c):
+ * a dense batch (prefill), a dense decode step split along the sequence, FASA's decode step over
+ * the contiguous dominant key block (fasa_decode.c), or per query: each (query, head) asks
+ * policy_select (select.c) for its rows. Every policy reads the cache in place through
+ * kvcache_scores / kvcache_accum; nothing copies it.
  * Definitions (DESIGN.md §3): FASA's token importance predictor (TIP) scores every cached token
  * with the 2F dims of the head's dominant frequency chunks only, S = sum_{c in dom} q^(c).K^(c),
  * and focused attention (FAC) is exact softmax attention over the top-N tokens by S.
@@ -53,6 +60,18 @@ typedef struct policy {
     int n_dom;               /* dims per key the selector reads (2F), 0 when it reads none */
     int16_t *dom;            /* (n_layer, n_head, 2F) canonical dims of the dominant chunks */
     int dom_end;             /* 1 + the largest of them: a key block that wide holds them all */
+    /* scratch for a context of n_ctx tokens and n_threads threads (policy_reserve) */
+    int n_ctx, n_threads;
+    int32_t *idx;            /* (n_threads, n_ctx) a query's chosen rows */
+    float *score;            /* (n_threads, n_ctx) its selection scores */
+    uint64_t *keys;          /* (n_threads, n_ctx) packed (score, index) keys for top-k */
+    float *tip;              /* fasa: (n_head, tip_ld) a decode step's TIP scores */
+    int tip_ld;              /* n_ctx + 16: rows n_ctx floats apart fell on the same cache sets,
+                              * and TIP then streamed at a third of its bandwidth in some runs */
+    float *tipq;             /* fasa, block 2: (n_head, d_head) each head's query on its own chunks */
+    uint64_t *cand;          /* fasa decode: (threads, n_head, mid) each thread's picks per head */
+    size_t cand_cap;
+    int *cand_n;             /* (n_threads, n_head) how many */
 } policy;
 
 enum { STATS_QUEST = 1, STATS_SNAPKV = 2, STATS_H2O = 4 };
@@ -95,6 +114,11 @@ int  policy_parse(const char *name, enum policy_kind *out);
 policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget);
 int  policy_init(policy *p, const model *m, const policy_opts *o, char *err);
 void policy_free(policy *p);
+/* Sizes p's scratch for a context of n_ctx tokens and n_threads threads (grows, never shrinks;
+ * the decode loop then allocates nothing). */
+int  policy_reserve(policy *p, int n_ctx, int n_threads, char *err);
+/* Room for `threads` threads' picks of mid tokens per head (FASA's decode step); 0 or < 0. */
+int  policy_reserve_picks(policy *p, int threads, int mid);
 int  policy_stats_flags(const policy *p);
 
 /* Chooses the tokens query head `head` at position pos reads in `layer`, among positions 0..pos.
@@ -103,6 +127,19 @@ int  policy_stats_flags(const policy *p);
  * the query should attend densely (budget >= pos + 1, a dense layer, or a full policy). */
 int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
                   int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc);
+
+/* ---------------------------------------------------------------- the attention step */
+
+/* Attaches policy p (NULL: full attention) to a run state: queries at positions >= sparse_from
+ * attend to what it selects. Reserves p's scratch for s. */
+int attention_use_policy(run_state *s, policy *p, int sparse_from, char *err);
+/* Layer l's attention for the n tokens at s->n_past.. whose rotated queries are in s->q and
+ * whose keys and values are cached: writes s->att_out (n, n_head * d_head). < 0 only when an
+ * attention hook fails. */
+int attention_layer(const model *m, run_state *s, int layer, int n, char *err);
+/* The step's scratch, owned by the run state (run_state_new_kv makes it). */
+struct attn_work *attn_work_new(const model *m, int n_ctx, int n_batch, int split, int n_threads, char *err);
+void attn_work_free(struct attn_work *w);
 
 int  attn_stats_init(attn_stats *st, const model *m, int n_ctx, int flags, int n_prefill, char *err);
 void attn_stats_free(attn_stats *st);

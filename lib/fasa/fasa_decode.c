@@ -1,0 +1,157 @@
+/* fasa_decode.c - FASA's decode step over split keys: the token importance predictor (TIP) over
+ * the contiguous dominant key block, each head's selection, and focused attention over the
+ * chosen rows beside the forced ones (attention sinks and the recent window).
+ *
+ * fasa_decode runs all of it in one parallel region. TIP's work, the G groups' rows between the
+ * forced ones (lo..hi), is cut into equal shares, one per thread, at cache lines of the score
+ * rows: a thread scores its rows (the heads of a group in one pass over the dominant block) and
+ * picks each head's best `mid` among them. A head whose row one thread scored whole is thereby
+ * selected; the others (a group cut between threads) take, after a barrier, the best mid of the
+ * threads' picks, which is the best mid of the row: the same set as one selection over it. Then
+ * each head attends to its rows, and the forced rows are attended once per group (the same rows
+ * for all its heads), the parts merged as flash-decoding merges them.
+ * A thread reads only TIP scores it wrote: when the two cores of a VM sit on different dies,
+ * handing a layer's scores (300 KB at 8k for the default model) from one core to the other made
+ * TIP 2.5x slower (README, Speed).
+ * p->cand holds, per (thread, head), mid packed keys (topk_pack) or, when the thread scored the
+ * whole row, the head's indices (int32, ascending); p->cand_n their count, -1 - count for the
+ * latter. */
+#include <omp.h>
+#include <string.h>
+
+#include "attn_impl.h"
+#include "ops.h"
+#include "topk.h"
+
+/* Where thread t's share of the G rows of L = hi - lo tokens, laid end to end, starts: at a
+ * multiple of 16 tokens (a cache line of scores) within its row. */
+static int tip_cut(int t, int nt, int G, int lo, int hi)
+{
+    const int L = hi - lo;
+    const int64_t p = (int64_t)t * G * L / nt;
+    const int g = (int)(p / L);
+    int r = (lo + (int)(p % L)) & ~15;
+    return g * L + (r < lo ? 0 : r - lo);
+}
+
+/* Thread t's share [*p0, *p1) of the rows laid end to end. */
+static void tip_share(int t, int nt, int G, int lo, int hi, int *p0, int *p1)
+{
+    *p0 = tip_cut(t, nt, G, lo, hi);
+    *p1 = t == nt - 1 ? G * (hi - lo) : tip_cut(t + 1, nt, G, lo, hi);
+}
+
+/* The thread whose share holds group g's row whole, or -1 when the row is cut between threads. */
+static int tip_owner(int g, int nt, int G, int lo, int hi)
+{
+    const int L = hi - lo;
+    for (int t = 0; t < nt; t++) {
+        int p0, p1;
+        tip_share(t, nt, G, lo, hi, &p0, &p1);
+        if (p0 <= g * L && p1 >= (g + 1) * L) return t;
+    }
+    return -1;
+}
+
+/* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
+ * n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
+static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int nt)
+{
+    const int H = m->cfg.n_head, t1 = s->n_past + 1, tid = omp_get_thread_num();
+    policy *p = s->policy;
+    if (it >= H) {
+        const int g = (it - H) / 2, r = (it - H) % 2;
+        attn_rows(m, s, l, g, r, r ? hi : 0, r ? t1 : lo);
+        return;
+    }
+    int32_t *idx = p->idx + (size_t)tid * p->n_ctx;
+    uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
+    const int32_t *rows = idx;
+    int n = 0, k = -1;
+    for (int i = 0; i < nt && k < 0; i++) {
+        const int ni = p->cand_n[(size_t)i * H + it];
+        const uint64_t *cand = p->cand + ((size_t)i * H + it) * mid;
+        if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
+        else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
+    }
+    if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
+    attn_chosen(m, s, l, it, rows, k);
+}
+
+void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq, int threads)
+{
+    const model_config *c = &m->cfg;
+    policy *p = s->policy;
+    const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, L = hi - lo;
+    const size_t esz = kvcache_esz(&s->kv);
+#pragma omp parallel num_threads(threads)
+    {
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+        int32_t *idx = p->idx + (size_t)tid * p->n_ctx;
+        uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
+        int *cn = p->cand_n + (size_t)tid * H;
+        for (int h = 0; h < H; h++) cn[h] = 0;
+        int p0, p1;
+        tip_share(tid, nt, G, lo, hi, &p0, &p1);
+        for (int g = p0 / L; g < G && g * L < p1; g++) {
+            const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
+            if (b <= a) continue;
+            kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f,
+                           p->tip + (size_t)g * grp * p->tip_ld + a, p->tip_ld);
+            s->bytes_kv[8 * tid] += attn_select_bytes(p, b - a, dh, s->kv.n_split, esz);
+            for (int h = g * grp; h < (g + 1) * grp; h++) {
+                const float *row = p->tip + (size_t)h * p->tip_ld + a;
+                uint64_t *cand = p->cand + ((size_t)tid * H + h) * mid;
+                const int n = topk_indices(row, b - a, mid, idx, keys);
+                if (a == lo && b == hi) {   /* the whole row: these are the head's rows */
+                    int32_t *out = (int32_t *)cand;
+                    for (int j = 0; j < n; j++) out[j] = lo + idx[j];
+                    cn[h] = -1 - n;
+                } else {
+                    for (int j = 0; j < n; j++) cand[j] = topk_pack(row[idx[j]], (uint32_t)(a + idx[j]));
+                    cn[h] = n;
+                }
+            }
+        }
+#pragma omp barrier
+        /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
+         * here (its picks are in this core's cache); the rest, the recent windows first, then the
+         * cut heads, the sinks last, go to whichever thread is free */
+        for (int h = 0; h < H; h++)
+            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, nt);
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int j = 0; j < G + H + G; j++) {
+            if (j >= G && j < G + H && tip_owner((j - G) / grp, nt, G, lo, hi) >= 0) continue;
+            fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, nt);
+        }
+    }
+    attn_merge(m, s, 3);
+}
+
+void fasa_tip_all(const model *m, run_state *s, int l, const float *tq, int ldq)
+{
+    const int grp = m->cfg.n_head / m->cfg.n_kv_head, t1 = s->n_past + 1, P = decode_parts(t1);
+    policy *p = s->policy;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
+    for (int it = 0; it < m->cfg.n_kv_head * P; it++) {
+        const int g = it / P, part = it % P;
+        const int a = (int)((int64_t)part * t1 / P), b = (int)((int64_t)(part + 1) * t1 / P);
+        kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f,
+                       p->tip + (size_t)g * grp * p->tip_ld + a, p->tip_ld);
+    }
+}
+
+const float *fasa_tip_queries(const model *m, const run_state *s, int l, int *ldq)
+{
+    const policy *p = s->policy;
+    const int H = m->cfg.n_head, dh = m->cfg.d_head, ns = s->kv.n_split, nd = p->n_dom;
+    *ldq = dh;
+    if (p->o.block != 2) return s->q;
+    memset(p->tipq, 0, sizeof(float) * H * ns);
+    for (int h = 0; h < H; h++) {
+        const int16_t *dom = p->dom + ((size_t)l * H + h) * nd;
+        for (int j = 0; j < nd; j++) p->tipq[(size_t)h * ns + dom[j]] = s->q[(size_t)h * dh + dom[j]];
+    }
+    *ldq = ns;
+    return p->tipq;
+}

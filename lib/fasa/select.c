@@ -1,0 +1,383 @@
+/* select.c - token selection policies (FASA and the baselines) and their running statistics. */
+#include "attn_impl.h"
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+#include "topk.h"
+
+static const char *const names[POLICY_COUNT] = {
+    "full", "fasa", "oracle", "stream", "snapkv", "h2o", "quest", "random",
+};
+
+const char *policy_name(enum policy_kind k) { return k < POLICY_COUNT ? names[k] : "?"; }
+
+int policy_parse(const char *name, enum policy_kind *out)
+{
+    for (int k = 0; k < POLICY_COUNT; k++)
+        if (!strcmp(name, names[k])) return *out = (enum policy_kind)k, 0;
+    if (!strcmp(name, "fasa-c") || !strcmp(name, "fasa-m")) return *out = POLICY_FASA, 0;
+    return -1;
+}
+
+int policy_parse_layers(const char *s, char sep, uint64_t *mask)
+{
+    uint64_t m = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long l = strtol(p, &end, 10);
+        if (end == p || l < 0 || l > 63 || (*end && *end != sep)) return -1;
+        m |= 1ull << l;
+        p = *end ? end + 1 : end;
+    }
+    *mask |= m;
+    return 0;
+}
+
+policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
+{
+    policy_opts o = { .kind = kind, .budget = budget, .fcs = m->cfg.d_head / 8, .n_dense_layers = 1,
+                      .window = 32, .page = 16, .seed = 1 };
+    if (kind == POLICY_STREAM) o.n_sink = 4;
+    if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = -1;
+    return o;
+}
+
+int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
+{
+    memset(p, 0, sizeof *p);
+    p->o = *o;
+    p->m = m;
+    const model_config *c = &m->cfg;
+    const int nc = c->d_head / 2;
+    if (o->budget < 1) return fasa_error(err, FASA_EARG, "the budget must be at least 1 token");
+    if (o->kind != POLICY_FASA && o->kind != POLICY_RANDOM) return 0;
+    if (o->fcs < 1 || o->fcs > nc) return fasa_error(err, FASA_EARG, "F must be between 1 and %d chunks", nc);
+    if (o->kind == POLICY_FASA && !o->prof)
+        return fasa_error(err, FASA_EARG, "fasa needs a calibration profile (fasa calibrate MODEL)");
+    p->n_dom = 2 * o->fcs;
+    p->dom = malloc(sizeof(int16_t) * c->n_layer * c->n_head * p->n_dom);
+    if (!p->dom) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    int16_t dims[1024];
+    uint64_t rng = o->seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head; h++) {
+            const int g = h / (c->n_head / c->n_kv_head);
+            enum chunk_def def = o->prof ? o->prof->chunks : CHUNKS_PLANE;
+            profile_chunk_dims(m, l, g, def, dims);
+            int16_t chosen[512];
+            if (o->kind == POLICY_FASA) {
+                const int16_t *r = o->group || o->block == 1 ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
+                memcpy(chosen, r, sizeof(int16_t) * o->fcs);
+            } else {
+                /* F distinct chunks drawn uniformly (partial Fisher-Yates) */
+                int16_t all[512];
+                for (int j = 0; j < nc; j++) all[j] = (int16_t)j;
+                for (int j = 0; j < o->fcs; j++) {
+                    int r = j + (int)(sampler_rand(&rng) * (nc - j));
+                    if (r >= nc) r = nc - 1;
+                    int16_t t = all[j]; all[j] = all[r]; all[r] = t;
+                    chosen[j] = all[j];
+                }
+            }
+            int16_t *dst = p->dom + ((size_t)l * c->n_head + h) * p->n_dom;
+            for (int j = 0; j < o->fcs; j++) dst[2 * j] = dims[2 * chosen[j]], dst[2 * j + 1] = dims[2 * chosen[j] + 1];
+            for (int j = 0; j < p->n_dom; j++) p->dom_end = dst[j] + 1 > p->dom_end ? dst[j] + 1 : p->dom_end;
+        }
+    return 0;
+}
+
+void policy_free(policy *p)
+{
+    free(p->dom); free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq);
+    free(p->cand); free(p->cand_n);
+    p->dom = NULL, p->idx = NULL, p->score = NULL, p->keys = NULL, p->tip = p->tipq = NULL;
+    p->cand = NULL, p->cand_n = NULL, p->cand_cap = 0, p->n_ctx = p->n_threads = 0;
+}
+
+int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
+{
+    if (n_ctx <= p->n_ctx && n_threads <= p->n_threads) return 0;
+    const model_config *c = &p->m->cfg;
+    if (n_ctx < p->n_ctx) n_ctx = p->n_ctx;
+    if (n_threads < p->n_threads) n_threads = p->n_threads;
+    const size_t tn = (size_t)n_threads * n_ctx;
+    const int fasa = p->o.kind == POLICY_FASA;
+    free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq); free(p->cand_n);
+    p->idx = malloc(tn * sizeof *p->idx);
+    p->score = malloc(tn * sizeof *p->score);
+    p->keys = malloc(tn * sizeof *p->keys);
+    p->tip_ld = n_ctx + 16;
+    p->tip = fasa ? malloc((size_t)c->n_head * p->tip_ld * sizeof *p->tip) : NULL;
+    p->tipq = fasa ? malloc((size_t)c->n_head * c->d_head * sizeof *p->tipq) : NULL;
+    p->cand_n = malloc((size_t)n_threads * c->n_head * sizeof *p->cand_n);
+    p->n_ctx = n_ctx, p->n_threads = n_threads;
+    if (!p->idx || !p->score || !p->keys || !p->cand_n || (fasa && (!p->tip || !p->tipq))) {
+        p->n_ctx = p->n_threads = 0;
+        return fasa_error(err, FASA_ENOMEM, "out of memory for selecting among %d tokens", n_ctx);
+    }
+    return 0;
+}
+
+int policy_reserve_picks(policy *p, int threads, int mid)
+{
+    const size_t n = (size_t)p->m->cfg.n_head * threads * mid;
+    if (n <= p->cand_cap) return 0;
+    uint64_t *c = realloc(p->cand, n * sizeof *c);
+    if (!c) return FASA_ENOMEM;
+    p->cand = c, p->cand_cap = n;
+    return 0;
+}
+
+uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz)
+{
+    switch (p->o.kind) {
+    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
+    case POLICY_ORACLE: return (uint64_t)t * d * esz;
+    case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
+    default: return 0;
+    }
+}
+
+int policy_stats_flags(const policy *p)
+{
+    switch (p->o.kind) {
+    case POLICY_QUEST: return STATS_QUEST;
+    case POLICY_SNAPKV: return STATS_SNAPKV;
+    case POLICY_H2O: return STATS_H2O;
+    default: return 0;
+    }
+}
+
+/* ---------------------------------------------------------------- selection */
+
+/* TIP: partial scores over the dominant dims only (2F values of each key). */
+static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g, int t, const int16_t *dom,
+                       int n_dom, int add)
+{
+    float qd[1024], row[1024];
+    for (int j = 0; j < n_dom; j++) qd[j] = q[dom[j]];
+    for (int i = 0; i < t; i++) {
+        const float *k = kvcache_key_row(kv, l, g, i, row);
+        float acc = 0;
+        for (int j = 0; j < n_dom; j++) acc += qd[j] * k[dom[j]];
+        S[i] = add ? S[i] + acc : acc;
+    }
+}
+
+/* Scores that make forced tokens win over any real score and keep their order among themselves:
+ * 2^100 (1 + i 2^-23) is exact and strictly increasing in i for i < 2^23, so later tokens win
+ * ties; sinks sit one power of two higher. */
+static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
+static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
+
+int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
+{
+    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    *lo = o->n_sink < t ? o->n_sink : t;
+    *hi = t - recent > *lo ? t - recent : *lo;
+    return *lo + (t - *hi) < budget;
+}
+
+int policy_select(const policy *p, const run_state *s, const attn_stats *st, int layer, int head,
+                  int pos, const float *q_tok, int budget, int32_t *idx, policy_scratch *sc)
+{
+    const policy_opts *o = &p->o;
+    const model_config *c = &p->m->cfg;
+    const int t = pos + 1, d = c->d_head, group = c->n_head / c->n_kv_head, g = head / group;
+    if (o->kind == POLICY_FULL || budget >= t || policy_layer_dense(o, layer)) return -1;
+    const kvcache *kv = &s->kv;
+    const float *q = q_tok + (size_t)head * d;
+    float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
+
+    const int ns = s->kv.n_split;
+    switch (o->kind) {
+    case POLICY_FASA:
+        if (sc->tip) break;   /* S already holds this head's TIP scores */
+        if (ns && ns == p->n_dom && (o->block == 1 || o->group)) {
+            /* split keys: the dominant block holds the group's top chunks, contiguous; TIP
+             * streams it (the group's dims for every head of the group) */
+            if (o->group) {
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)g * group * d, 1, d, 1.0f, S, t);
+                float *tmp = (float *)sc->sel;
+                for (int h = g * group + 1; h < (g + 1) * group; h++) {
+                    kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q_tok + (size_t)h * d, 1, d, 1.0f, tmp, t);
+                    for (int i = 0; i < t; i++) S[i] += tmp[i];
+                }
+            } else {
+                kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
+            }
+            break;
+        }
+        /* fall through */
+    case POLICY_RANDOM:
+        if (o->group && o->kind == POLICY_FASA) {
+            const int16_t *dom = p->dom + ((size_t)layer * c->n_head + g * group) * p->n_dom;
+            for (int h = g * group; h < (g + 1) * group; h++)
+                tip_scores(S, q_tok + (size_t)h * d, &s->kv, layer, g, t, dom, p->n_dom, h > g * group);
+        } else {
+            tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
+        }
+        break;
+    case POLICY_ORACLE:
+        kvcache_scores(kv, KV_KEYS, layer, g, 0, NULL, t, q, 1, d, 1.0f, S, t);
+        if (ns) {
+            float *tmp = (float *)sc->sel;
+            kvcache_scores(kv, KV_REST, layer, g, 0, NULL, t, q + ns, 1, d, 1.0f, tmp, t);
+            for (int i = 0; i < t; i++) S[i] += tmp[i];
+        }
+        break;
+    case POLICY_STREAM:
+        for (int i = 0; i < t; i++) S[i] = (float)i;
+        break;
+    case POLICY_SNAPKV: {
+        /* Prompt tokens keep the votes the observation window gave them at prefill; the window
+         * and everything after it are kept, most recent first, within the same budget. */
+        const float *v = st->votes + ((size_t)layer * c->n_head + head) * st->n_ctx;
+        const int lo = st->snap_lo;
+        for (int i = 0; i < t; i++) {
+            if (i >= lo) { S[i] = forced(i); continue; }
+            /* max-pool over 7 neighbours smooths the votes, as SnapKV does */
+            float mx = v[i];
+            for (int j = i - 3; j <= i + 3; j++)
+                if (j >= 0 && j < lo && v[j] > mx) mx = v[j];
+            S[i] = mx;
+        }
+        break;
+    }
+    case POLICY_H2O: {
+        /* half heavy hitters by accumulated attention, half recent */
+        const float *acc = st->h2o + ((size_t)layer * c->n_head + head) * st->n_ctx;
+        const int recent = budget / 2;
+        for (int i = 0; i < t; i++) S[i] = i >= t - recent ? forced(i) : acc[i];
+        break;
+    }
+    case POLICY_QUEST: {
+        /* page score = sum_i max(q_i max_i, q_i min_i) over full pages; the current partial page
+         * always stays */
+        const int P = st->page, full = t / P;
+        const float *mn = st->page_min + ((size_t)layer * c->n_kv_head + g) * (st->n_ctx / P + 1) * d;
+        const float *mx = st->page_max + ((size_t)layer * c->n_kv_head + g) * (st->n_ctx / P + 1) * d;
+        for (int pg = 0; pg < full; pg++) {
+            float sc2 = 0;
+            for (int j = 0; j < d; j++) sc2 += fmaxf(q[j] * mx[(size_t)pg * d + j], q[j] * mn[(size_t)pg * d + j]);
+            for (int i = pg * P; i < (pg + 1) * P; i++) S[i] = sc2;
+        }
+        for (int i = full * P; i < t; i++) S[i] = forced(i);
+        break;
+    }
+    default:
+        return -1;
+    }
+    /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
+     * rest is selected from the tokens between them, and the indices stay ascending */
+    int lo, hi;
+    const int room = policy_forced(o, t, budget, &lo, &hi), recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    if (o->kind != POLICY_STREAM && room) {
+        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
+        for (int i = 0; i < lo; i++) idx[i] = i;
+        for (int j = lo; j < lo + m; j++) idx[j] += lo;
+        for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
+        return lo + m + (t - hi);
+    }
+    for (int i = 0; i < o->n_sink && i < t; i++) S[i] = forced_sink(i);
+    if (o->kind == POLICY_STREAM) {
+        for (int i = 0; i < t; i++) S[i] = i < o->n_sink ? forced_sink(i) : (float)i;
+    } else {
+        for (int i = t - recent; i < t; i++)
+            if (i >= 0) S[i] = forced(i);
+    }
+    return topk_indices(S, t, budget, idx, sc->sel);
+}
+
+/* ---------------------------------------------------------------- statistics */
+
+int attn_stats_init(attn_stats *st, const model *m, int n_ctx, int flags, int n_prefill, char *err)
+{
+    const model_config *c = &m->cfg;
+    memset(st, 0, sizeof *st);
+    *st = (attn_stats){ .flags = flags, .n_layer = c->n_layer, .n_head = c->n_head, .n_kv = c->n_kv_head,
+                        .d = c->d_head, .n_ctx = n_ctx, .n_threads = omp_get_max_threads(), .page = 16 };
+    const size_t lh = (size_t)c->n_layer * c->n_head * n_ctx;
+    int ok = 1;
+    if (flags & STATS_QUEST) {
+        size_t n = (size_t)c->n_layer * c->n_kv_head * (n_ctx / st->page + 1) * c->d_head;
+        st->page_min = malloc(n * sizeof(float));
+        st->page_max = malloc(n * sizeof(float));
+        st->pages_done = calloc((size_t)c->n_layer * c->n_kv_head, sizeof(int));
+        ok = st->page_min && st->page_max && st->pages_done;
+    }
+    if (flags & STATS_SNAPKV) {
+        st->snap_hi = n_prefill;
+        st->snap_lo = n_prefill - 32 > 0 ? n_prefill - 32 : 0;
+        ok = ok && (st->votes = calloc(lh * st->n_threads, sizeof(float)));
+    }
+    if (flags & STATS_H2O) ok = ok && (st->h2o = calloc(lh * st->n_threads, sizeof(float)));
+    if (!ok) {
+        attn_stats_free(st);
+        return fasa_error(err, FASA_ENOMEM, "out of memory for attention statistics");
+    }
+    return 0;
+}
+
+void attn_stats_free(attn_stats *st)
+{
+    free(st->page_min); free(st->page_max); free(st->pages_done); free(st->votes); free(st->h2o);
+    memset(st, 0, sizeof *st);
+}
+
+void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cached)
+{
+    if (!(st->flags & STATS_QUEST)) return;
+    const int d = st->d, P = st->page, stride = st->n_ctx / P + 1;
+    for (int g = 0; g < st->n_kv; g++) {
+        int *done = &st->pages_done[(size_t)layer * st->n_kv + g];
+        float row[1024];
+        float *mn = st->page_min + ((size_t)layer * st->n_kv + g) * stride * d;
+        float *mx = st->page_max + ((size_t)layer * st->n_kv + g) * stride * d;
+        for (; (*done + 1) * P <= n_cached; (*done)++) {
+            float *a = mn + (size_t)*done * d, *b = mx + (size_t)*done * d;
+            for (int j = 0; j < d; j++) a[j] = FLT_MAX, b[j] = -FLT_MAX;
+            for (int i = *done * P; i < (*done + 1) * P; i++) {
+                const float *k = kvcache_key_row(&s->kv, layer, g, i, row);
+                for (int j = 0; j < d; j++) {
+                    float v = k[j];
+                    a[j] = fminf(a[j], v);
+                    b[j] = fmaxf(b[j], v);
+                }
+            }
+        }
+    }
+}
+
+void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p, const int32_t *idx, int n)
+{
+    const size_t off = (size_t)omp_get_thread_num() * st->n_layer * st->n_head * st->n_ctx +
+                       ((size_t)layer * st->n_head + head) * st->n_ctx;
+    float *dst[2] = { NULL, NULL };
+    if (st->votes && pos >= st->snap_lo && pos < st->snap_hi) dst[0] = st->votes + off;
+    if (st->h2o) dst[1] = st->h2o + off;
+    for (int k = 0; k < 2; k++) {
+        if (!dst[k]) continue;
+        if (idx) for (int i = 0; i < n; i++) dst[k][idx[i]] += p[i];
+        else for (int i = 0; i < n; i++) dst[k][i] += p[i];
+    }
+}
+
+void attn_stats_reduce(attn_stats *st, int layer)
+{
+    float *arrs[2] = { st->votes, st->h2o };
+    const size_t per = (size_t)st->n_layer * st->n_head * st->n_ctx, lay = (size_t)st->n_head * st->n_ctx;
+    for (int k = 0; k < 2; k++) {
+        if (!arrs[k]) continue;
+        float *base = arrs[k] + layer * lay;
+        for (int t = 1; t < st->n_threads; t++) {
+            float *other = base + t * per;
+            for (size_t i = 0; i < lay; i++) base[i] += other[i], other[i] = 0;
+        }
+    }
+}
