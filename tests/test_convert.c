@@ -727,7 +727,7 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     /* without -p, run takes the bundle's own profile */
     snprintf(args, sizeof args, "run %s --raw -n 2 %s", bundle, prompt);
     cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
-    cr_expect(strstr(er, "fasa-c (profile '") && strstr(er, ".fasa:profile.json'"), "%s", er);
+    cr_expect(strstr(er, "fasa-c (profile '") && strstr(er, ".fasa (profile.json)'"), "%s", er);
     free(out); free(er);
     /* full-mode logits of every prompt position: the bundle against the original with its key
      * dims in the same (profile) order, so float sums run in the same order */

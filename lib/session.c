@@ -1,0 +1,320 @@
+/* session.c - profile, policy, key layout, cache and device for a model, from one options struct
+ * (session.h). */
+#include "session.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/fasa_cuda.h"
+
+static const char *const mode_names[] = { "auto", "full", "fasa-c", "fasa-m" };
+
+const char *fasa_mode_name(enum fasa_mode m)
+{
+    return m >= FASA_MODE_AUTO && m <= FASA_MODE_FASA_M ? mode_names[m] : "?";
+}
+
+int fasa_mode_parse(const char *s)
+{
+    for (int i = 0; i <= FASA_MODE_FASA_M; i++)
+        if (!strcmp(s, mode_names[i])) return i;
+    return !strcmp(s, "fasa") ? FASA_MODE_FASA_C : -1;
+}
+
+session_opts session_defaults(void)
+{
+    return (session_opts){ .budget = 256, .n_dense_layers = 1, .n_sink = -1, .n_recent = -1, .kv_f16 = -1,
+                           .n_batch = 64 };
+}
+
+int session_find_profile(const model *m, const char *model_path, const char *path, profile *out, char *where,
+                         size_t where_cap, char *err)
+{
+    char found[4096];
+    int rc;
+    if (!path && profile_find(model_path, found, sizeof found)) path = found;
+    if (path) {
+        snprintf(where, where_cap, "%s", path);
+        rc = profile_load(out, path, err);
+    } else if (m->bundle_profile) {
+        snprintf(where, where_cap, "%s (profile.json)", model_path);
+        rc = profile_parse(out, m->bundle_profile, m->bundle_profile_len, where, err);
+    } else {
+        return 0;
+    }
+    if (rc < 0) return rc;
+    if ((rc = profile_check_model(out, m, where, err)) < 0) {
+        profile_free(out);
+        return rc;
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- CUDA */
+
+typedef struct cuda_state { fasa_cuda *cu; fasa_cuda_kv *kv; int group; } cuda_state;
+
+static int cuda_attend(void *ctx, const run_state *s, int layer, int head, int pos, const float *q, const int32_t *idx,
+                       int n, float *out, char *err)
+{
+    const cuda_state *c = ctx;
+    const kvcache *kv = &s->kv;
+    const int g = head / c->group;
+    return fasa_cuda_attend(c->kv, layer, head, kvcache_k(kv, layer, g), kv->n_split ? kvcache_kr(kv, layer, g) : NULL,
+                            kvcache_v(kv, layer, g), pos + 1, q, idx, n, out, err);
+}
+
+int session_cuda_check(char *err)
+{
+    fasa_cuda_device dev;
+    if (fasa_cuda_devices(&dev, 1, err) < 0) return FASA_EUNSUPPORTED;
+    if (!dev.has_kernels)
+        return fasa_error(err, FASA_EUNSUPPORTED,
+                          "'%s' has compute capability %d.%d; fasa's kernels are built for sm_80 and sm_90", dev.name,
+                          dev.cc_major, dev.cc_minor);
+    return 0;
+}
+
+char *session_devices(int json)
+{
+    char err[FASA_ERRLEN];
+    fasa_cuda_device dev[16];
+    const int n = fasa_cuda_devices(dev, 16, err);
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "devices");
+        cJSON_AddBoolToObject(o, "built_with_cuda", fasa_cuda_built());
+        if (n < 0) cJSON_AddStringToObject(o, "note", err);
+        for (int i = 0; i < n && i < 16; i++) {
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddNumberToObject(d, "index", dev[i].index);
+            cJSON_AddStringToObject(d, "name", dev[i].name);
+            char cc[16];
+            snprintf(cc, sizeof cc, "%d.%d", dev[i].cc_major, dev[i].cc_minor);
+            cJSON_AddStringToObject(d, "compute_capability", cc);
+            cJSON_AddNumberToObject(d, "sm_count", dev[i].n_sm);
+            cJSON_AddNumberToObject(d, "mem_total", (double)dev[i].mem_total);
+            cJSON_AddNumberToObject(d, "mem_free", (double)dev[i].mem_free);
+            cJSON_AddBoolToObject(d, "maps_host_memory", dev[i].can_map_host);
+            cJSON_AddBoolToObject(d, "runs_fasa_kernels", dev[i].has_kernels);
+            cJSON_AddItemToArray(arr, d);
+        }
+        char *text = cJSON_Print(o);
+        cJSON_Delete(o);
+        return text;
+    }
+    if (n < 0) return strdup(err);
+    size_t cap = 16 * 512, len = 0;
+    char *text = malloc(cap);
+    for (int i = 0; text && i < n && i < 16; i++)
+        len += snprintf(text + len, cap - len,
+                        "%scuda:%d  %s  compute %d.%d  %d SMs  %.1f GB (%.1f GB free)  mapped host memory: %s  "
+                        "fasa kernels: %s", i ? "\n" : "", dev[i].index, dev[i].name, dev[i].cc_major,
+                        dev[i].cc_minor, dev[i].n_sm, dev[i].mem_total / 1e9, dev[i].mem_free / 1e9,
+                        dev[i].can_map_host ? "yes" : "no", dev[i].has_kernels ? "yes" : "no (built for sm_80 and sm_90)");
+    return text;
+}
+
+static int cuda_open(session *ss, char *err)
+{
+    const model_config *c = &ss->m->cfg;
+    cuda_state *cs = calloc(1, sizeof *cs);
+    if (!cs) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    ss->cuda = cs;
+    cs->group = c->n_head / c->n_kv_head;
+    char why[FASA_ERRLEN];
+    if (fasa_cuda_open(&cs->cu, 0, why) < 0 ||
+        fasa_cuda_kv_open(cs->cu, &cs->kv, c->n_layer, c->n_head, c->n_kv_head, ss->s->n_ctx, c->d_head,
+                          ss->s->kv.n_split, why) < 0)
+        return fasa_error(err, FASA_EUNSUPPORTED, "--device cuda: %s", why);
+    return 0;
+}
+
+static void cuda_close(session *ss)
+{
+    cuda_state *cs = ss->cuda;
+    if (!cs) return;
+    if (cs->kv) fasa_cuda_kv_close(cs->kv);
+    if (cs->cu) fasa_cuda_close(cs->cu);
+    free(cs);
+    ss->cuda = NULL;
+}
+
+/* ---------------------------------------------------------------- open */
+
+/* The FASA policy of the options, its key layout (model_key_block orders m's chunks) and the
+ * KV cache options it needs. */
+static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *err)
+{
+    const session_opts *o = &ss->o;
+    model *m = ss->m;
+    const model_config *c = &m->cfg;
+    policy_opts po = policy_defaults(POLICY_FASA, m, o->budget);
+    po.prof = &ss->prof;
+    po.fcs = o->fcs ? o->fcs : ss->prof.fcs;
+    po.n_dense_layers = o->n_dense_layers;
+    po.dense_mask = o->dense_mask;
+    po.group = o->group;
+    if (o->n_sink >= 0) po.n_sink = o->n_sink;
+    if (o->n_recent >= 0) po.n_recent = o->n_recent;
+    if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
+        return fasa_error(err, FASA_EARG, "--dense: '%s' has %d layers", model_path, c->n_layer);
+    /* split keys: the group's top F chunks (or the union of its heads' own) first in every key,
+     * stored as their own block */
+    const int width = model_key_block(m, &ss->prof, po.fcs, o->per_head && !o->group, err);
+    if (width < 0) return width;
+    if (width) {
+        po.block = o->group ? 0 : o->per_head ? 2 : 1;
+        kvo->n_split = 2 * width;
+    } else if (ss->mode == FASA_MODE_FASA_M) {
+        return fasa_error(err, FASA_EARG, "--mode fasa-m keeps a contiguous block of dominant key dims: it needs a "
+                          "profile of RoPE-plane chunks and F below %d", c->d_head / 2);
+    }
+    if (ss->mode == FASA_MODE_FASA_M) {
+        const char *tmp = getenv("TMPDIR");
+        kvo->cold_dir = o->kv_cold ? o->kv_cold : tmp && *tmp ? tmp : "/tmp";
+    }
+    int rc = policy_init(&ss->pol, m, &po, err);
+    if (rc < 0) return rc;   /* FASA_EARG: a flag outside what this model allows (--fcs) */
+    ss->has_policy = 1;
+    char dense[256] = "";
+    for (int l = 0; l < 64; l++)
+        if (o->dense_mask >> l & 1)
+            snprintf(dense + strlen(dense), sizeof dense - strlen(dense), "%s%d", *dense ? "," : " + layers ", l);
+    const int recent = po.n_recent < 0 ? po.budget / 2 : po.n_recent;
+    snprintf(ss->note, sizeof ss->note,
+             "%s (profile '%s', budget %d with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s%s)",
+             fasa_mode_name(ss->mode), ss->profile_path, po.budget, po.n_sink, po.n_sink == 1 ? "" : "s", recent,
+             po.fcs, c->d_head / 2, po.n_dense_layers, po.n_dense_layers == 1 ? "" : "s", dense,
+             o->group ? ", per-KV-head selection" : "",
+             po.block == 2 ? ", TIP over a block of the group's heads' own chunks"
+             : kvo->n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
+    return 0;
+}
+
+int session_open(session **out, model *m, const char *model_path, const session_opts *o, char *err)
+{
+    *out = NULL;
+    if (o->n_ctx < 1) return fasa_error(err, FASA_EARG, "the context must hold at least one token");
+    if (o->kv_cold && o->mode != FASA_MODE_FASA_M) return fasa_error(err, FASA_EARG, "--kv-cold is for --mode fasa-m");
+    if (o->device == FASA_DEVICE_CUDA && o->kv_f16 == 1)
+        return fasa_error(err, FASA_EARG, "--device cuda reads an f32 KV cache: drop --kv-type f16");
+    session *ss = calloc(1, sizeof *ss);
+    if (!ss) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    ss->m = m;
+    ss->o = *o;
+    if (ss->o.n_batch < 1) ss->o.n_batch = 64;
+    ss->mode = o->mode;
+    kv_opts kvo = { .f16 = o->kv_f16 < 0 ? o->device != FASA_DEVICE_CUDA : o->kv_f16 };
+    int rc = 0;
+    /* the profile: wanted by every mode but full, and by --order-chunks */
+    if (o->mode != FASA_MODE_FULL || o->order_chunks) {
+        rc = session_find_profile(m, model_path, o->profile, &ss->prof, ss->profile_path, sizeof ss->profile_path, err);
+        if (rc < 0) goto fail;
+        ss->has_profile = rc;
+        rc = 0;
+    }
+    if (!ss->has_profile && (o->mode == FASA_MODE_FASA_C || o->mode == FASA_MODE_FASA_M)) {
+        rc = fasa_error(err, FASA_EARG, "--mode %s needs a profile: run 'fasa calibrate %s' or give -p",
+                        fasa_mode_name(o->mode), model_path);
+        goto fail;
+    }
+    if (o->order_chunks && !ss->has_profile) {
+        rc = fasa_error(err, FASA_EARG, "--order-chunks needs a profile (-p)");
+        goto fail;
+    }
+    if (ss->mode == FASA_MODE_AUTO) ss->mode = ss->has_profile ? FASA_MODE_FASA_C : FASA_MODE_FULL;
+    if (ss->mode != FASA_MODE_FULL) {
+        if ((rc = fasa_setup(ss, model_path, &kvo, err)) < 0) goto fail;
+    } else if (o->order_chunks) {
+        if ((rc = model_rank_chunks(m, &ss->prof, err)) < 0) goto fail;
+        snprintf(ss->note, sizeof ss->note, "full attention, key dims in the order of '%s'", ss->profile_path);
+    } else if (o->mode == FASA_MODE_AUTO) {
+        snprintf(ss->note, sizeof ss->note, "full attention (no profile: 'fasa calibrate %s' enables fasa-c)",
+                 model_path);
+    } else {
+        snprintf(ss->note, sizeof ss->note, "full attention");
+    }
+    if (!(ss->s = run_state_new_kv(m, o->n_ctx, ss->o.n_batch, &kvo, err))) {
+        rc = FASA_ENOMEM;
+        goto fail;
+    }
+    /* prefill is dense: session_prefill moves sparse_from to the end of what it ran */
+    if (ss->has_policy && (rc = attention_use_policy(ss->s, &ss->pol, INT_MAX, err)) < 0) goto fail;
+    if (o->device == FASA_DEVICE_CUDA) {
+        if ((rc = cuda_open(ss, err)) < 0) goto fail;
+        snprintf(ss->note + strlen(ss->note), sizeof ss->note - strlen(ss->note), "; decode attention on CUDA device 0");
+    }
+    *out = ss;
+    return 0;
+fail:
+    session_close(ss);
+    return rc;
+}
+
+void session_close(session *ss)
+{
+    if (!ss) return;
+    cuda_close(ss);
+    run_state_free(ss->s);
+    if (ss->has_policy) policy_free(&ss->pol);
+    if (ss->has_profile) profile_free(&ss->prof);
+    free(ss);
+}
+
+int session_prefill(session *ss, const int32_t *ids, int n, float *all_logits, char *err)
+{
+    run_state *s = ss->s;
+    if (s->n_past + n > s->n_ctx)
+        return fasa_error(err, FASA_EARG, "%d tokens do not fit the context (%d of %d used)", n, s->n_past, s->n_ctx);
+    const int rc = model_prefill(ss->m, s, ids, n, all_logits, err);
+    if (rc < 0) return rc;
+    s->sparse_from = s->n_past;
+    /* the device takes the decode steps' attention; prefill stayed on the CPU */
+    if (ss->cuda) s->attend_hook = cuda_attend, s->attend_ctx = ss->cuda;
+    return 0;
+}
+
+int session_step(session *ss, int32_t id, char *err)
+{
+    return model_forward(ss->m, ss->s, &id, 1, 0, err);
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+int session_prompt_ids(const model *m, const char *text, int chat, const char *system, int32_t **ids, char *err)
+{
+    *ids = NULL;
+    if (!m->tok) return fasa_error(err, FASA_EARG, "'%s' has no tokenizer; give the prompt as token ids", m->path);
+    const int has_chatml = tokenizer_find(m->tok, "<|im_start|>") >= 0;
+    const int has_llama3 = tokenizer_find(m->tok, "<|start_header_id|>") >= 0;
+    if (chat < 0) chat = has_chatml || has_llama3;
+    const char *input = text;
+    char *rendered = NULL;
+    if (chat) {
+        if (!has_chatml && !has_llama3)
+            return fasa_error(err, FASA_EARG, "'%s' has no chat template tokens; use --raw", m->path);
+        const enum tokenizer_chat kind = has_chatml ? TOKENIZER_CHAT_CHATML : TOKENIZER_CHAT_LLAMA3;
+        /* SmolLM2's own template adds this system message when none is given */
+        if (!system && has_chatml && strstr(m->name, "mol"))
+            system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+        const int need = tokenizer_chat_render(kind, system, text, NULL, 0);
+        if (need < 0 || !(rendered = malloc((size_t)need + 1))) return fasa_error(err, FASA_ENOMEM, "out of memory");
+        tokenizer_chat_render(kind, system, text, rendered, need + 1);
+        input = rendered;
+    }
+    const size_t len = strlen(input);
+    const int cap = (int)(3 * len + 16);   /* invalid UTF-8 can give up to 3 ids a byte */
+    int32_t *buf = malloc(sizeof *buf * cap);
+    const int n = buf ? tokenizer_encode(m->tok, input, len, chat, buf, cap) : FASA_ENOMEM;
+    free(rendered);
+    if (n <= 0) {
+        free(buf);
+        return n == 0 ? fasa_error(err, FASA_EARG, "the prompt is empty")
+                      : fasa_error(err, n == FASA_ENOMEM ? FASA_ENOMEM : FASA_EFORMAT, "cannot tokenize the prompt");
+    }
+    *ids = buf;
+    return n;
+}

@@ -1,0 +1,108 @@
+/* session.h - a model made ready to generate: its calibration profile, attention policy, key
+ * layout, KV cache and device, resolved from one options struct. `fasa run` is flags and
+ * printing around it; bench and calibrate use its profile resolution and model_prefill.
+ *
+ *   session_opts o = session_defaults();        // fasa-c when the model has a profile, else full
+ *   o.n_ctx = n_prompt + 64;
+ *   session *ss;
+ *   if (session_open(&ss, m, "model.gguf", &o, err) < 0) ...;   // FASA_EARG: a usage error
+ *   fprintf(stderr, "fasa: %s\n", ss->note);                      // what runs, in one line
+ *   if (session_prefill(ss, ids, n_prompt, NULL, err) < 0) ...;   // dense; the last logits
+ *   int32_t next = sampler_sample(&sp, session_logits(ss));
+ *   if (session_step(ss, next, err) < 0) ...;                     // one decode step
+ *   session_close(ss);                                            // the model stays open
+ *
+ * The profile is found in one place (session_find_profile): the file given, else the model's
+ * own (MODEL.profile.json beside it, DIR/profile.json in a converted directory, or the
+ * profile.json inside a .fasa bundle). With a profile and a FASA mode, each KV head's frequency
+ * chunks are put in the profile's order as the model loads (model_key_block), so that TIP reads
+ * one contiguous block of dominant key dims per token.
+ */
+#ifndef FASA_SESSION_H
+#define FASA_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention.h"
+#include "model.h"
+#include "profile.h"
+
+enum fasa_mode {
+    FASA_MODE_AUTO,     /* fasa-c when a profile is found, else full */
+    FASA_MODE_FULL,     /* dense attention */
+    FASA_MODE_FASA_C,   /* FASA over the whole cache */
+    FASA_MODE_FASA_M,   /* FASA with only the dominant key block in memory, the rest in a cold tier */
+};
+enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
+
+const char *fasa_mode_name(enum fasa_mode m);     /* "auto", "full", "fasa-c", "fasa-m" */
+int fasa_mode_parse(const char *s);               /* the mode, or -1 ("fasa" means fasa-c) */
+
+typedef struct session_opts {
+    enum fasa_mode mode;
+    const char *profile;       /* a profile file; NULL: the model's own, when it has one */
+    /* the attention policy (fasa modes) */
+    int budget;                /* N: tokens attended per query (256) */
+    int fcs;                   /* F: dominant chunks per head (0: the profile's) */
+    int n_dense_layers;        /* layers 0..n-1 attend densely (1) */
+    uint64_t dense_mask;       /* and these, layer l < 64 as bit l */
+    int n_sink, n_recent;      /* forced tokens within the budget (-1: the policy's defaults) */
+    int group;                 /* one selection per KV head */
+    int per_head;              /* each head's own top F chunks (a wider key block) */
+    int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
+    /* the KV cache */
+    int kv_f16;                /* 1 f16, 0 f32, -1 the default (f16; f32 with CUDA) */
+    const char *kv_cold;       /* fasa-m: the cold tier's directory (NULL: $TMPDIR or /tmp) */
+    int n_ctx;                 /* tokens the cache holds (required) */
+    int n_batch;               /* prefill batch (64) */
+    enum fasa_device device;   /* CUDA: the decode steps' attention on device 0 */
+} session_opts;
+
+typedef struct session {
+    model *m;                  /* borrowed: the caller opens and closes it */
+    session_opts o;
+    enum fasa_mode mode;       /* what runs: FULL, FASA_C or FASA_M */
+    profile prof;
+    int has_profile;
+    char profile_path[4096];   /* where it came from (a bundle: "MODEL (profile.json)") */
+    policy pol;
+    int has_policy;
+    run_state *s;
+    void *cuda;                /* the device's state when device == CUDA */
+    char note[4096 + 1024];    /* one line: the mode and its settings */
+} session;
+
+session_opts session_defaults(void);
+
+/* The profile for a model at model_path: path when given, else the model's own. 1 when found,
+ * loaded and checked against m (where names it), 0 when there is none, < 0 on an error. */
+int session_find_profile(const model *m, const char *model_path, const char *path, profile *out, char *where,
+                         size_t where_cap, char *err);
+
+/* Resolves o for m (opened from model_path): profile, mode, policy, key layout, cache, device.
+ * FASA_EARG: options that cannot work with this model (a usage error); other statuses: failures. */
+int  session_open(session **out, model *m, const char *model_path, const session_opts *o, char *err);
+void session_close(session *ss);
+
+/* Runs n tokens densely (prefill: queries before the end of a prefill never attend sparsely);
+ * all_logits: (n, n_vocab) floats for every position's logits, or NULL. */
+int session_prefill(session *ss, const int32_t *ids, int n, float *all_logits, char *err);
+/* One decode step on token id; its logits are then session_logits(ss). */
+int session_step(session *ss, int32_t id, char *err);
+/* The logits of the last position run (n_vocab floats). */
+static inline float *session_logits(const session *ss) { return ss->s->logits; }
+
+/* The prompt as token ids: text wrapped in the model's chat template when chat (system: NULL
+ * for the template's default), else as is. *ids is malloc'ed; returns the count, or < 0
+ * (FASA_EARG when chat is asked of a model without a template). chat < 0: the template when
+ * the vocabulary has one. */
+int session_prompt_ids(const model *m, const char *text, int chat, const char *system, int32_t **ids, char *err);
+
+/* --device cuda can run here: a device with fasa's kernels. 0, or < 0 with the reason. */
+int session_cuda_check(char *err);
+/* The CUDA devices fasa's kernels can use, as text (one line each, or JSON when json), malloc'ed;
+ * "built without CUDA" or "no CUDA device ..." when there are none. */
+char *session_devices(int json);
+
+#endif
