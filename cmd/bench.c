@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "cmd.h"
+#include "session.h"
 #include "speed.h"
 
 /* Ordinary English text every Debian system has, other than the calibration sample. */
@@ -148,20 +149,16 @@ static int write_csv(const char *path, const bench_row *r, int n)
     return rc;
 }
 
-/* The profile for MODEL: prof_path, else the one profile_find sees; checked against m. Returns
- * the loaded profile, NULL when there is none, or sets *failed after saying why. */
+/* The profile for MODEL, found as `fasa run` finds it (session_find_profile: prof_path, else
+ * the model's own, a bundle's included). Returns it, NULL when there is none, or sets *failed
+ * after saying why. */
 static profile *bench_profile(const model *m, const char *model_path, const char *prof_path, profile *prof, int *failed)
 {
-    char defp[4096], err[FASA_ERRLEN];
-    *failed = 0;
-    if (!prof_path && profile_find(model_path, defp, sizeof defp)) prof_path = defp;
-    if (!prof_path) return NULL;
-    if (profile_load(prof, prof_path, err) < 0 || profile_check_model(prof, m, prof_path, err) < 0) {
-        die("%s", err);
-        *failed = 1;
-        return NULL;
-    }
-    return prof;
+    char where[4096], err[FASA_ERRLEN];
+    const int rc = session_find_profile(m, model_path, prof_path, prof, where, sizeof where, err);
+    *failed = rc < 0;
+    if (rc < 0) die("%s", err);
+    return rc > 0 ? prof : NULL;
 }
 
 /* TEXT files (or the defaults) as token ids: returns the count (ids and text owned by the

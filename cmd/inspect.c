@@ -11,10 +11,10 @@
 #include "export.h"
 #include "gguf.h"
 #include "heatmap.h"
-#include "kernels/fasa_cuda.h"
 #include "model.h"
 #include "profile.h"
 #include "safetensors.h"
+#include "session.h"
 
 static const char usage_text[] =
     "usage: fasa inspect MODEL [options]\n"
@@ -356,41 +356,10 @@ out:
 /* --devices: what kernels/ can run on. No device is a fact to report, not a failure. */
 static int inspect_devices(int json)
 {
-    char err[FASA_ERRLEN];
-    fasa_cuda_device dev[16];
-    const int n = fasa_cuda_devices(dev, 16, err);
-    if (json) {
-        cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "devices");
-        cJSON_AddBoolToObject(o, "built_with_cuda", fasa_cuda_built());
-        if (n < 0) cJSON_AddStringToObject(o, "note", err);
-        for (int i = 0; i < n && i < 16; i++) {
-            cJSON *d = cJSON_CreateObject();
-            cJSON_AddNumberToObject(d, "index", dev[i].index);
-            cJSON_AddStringToObject(d, "name", dev[i].name);
-            char cc[16];
-            snprintf(cc, sizeof cc, "%d.%d", dev[i].cc_major, dev[i].cc_minor);
-            cJSON_AddStringToObject(d, "compute_capability", cc);
-            cJSON_AddNumberToObject(d, "sm_count", dev[i].n_sm);
-            cJSON_AddNumberToObject(d, "mem_total", (double)dev[i].mem_total);
-            cJSON_AddNumberToObject(d, "mem_free", (double)dev[i].mem_free);
-            cJSON_AddBoolToObject(d, "maps_host_memory", dev[i].can_map_host);
-            cJSON_AddBoolToObject(d, "runs_fasa_kernels", dev[i].has_kernels);
-            cJSON_AddItemToArray(arr, d);
-        }
-        char *text = cJSON_Print(o);
-        cJSON_Delete(o);
-        if (!text) return die("out of memory");
-        puts(text);
-        free(text);
-    } else if (n < 0) {
-        printf("%s\n", err);
-    } else {
-        for (int i = 0; i < n && i < 16; i++)
-            printf("cuda:%d  %s  compute %d.%d  %d SMs  %.1f GB (%.1f GB free)  mapped host memory: %s  fasa kernels: %s\n",
-                   dev[i].index, dev[i].name, dev[i].cc_major, dev[i].cc_minor, dev[i].n_sm, dev[i].mem_total / 1e9,
-                   dev[i].mem_free / 1e9, dev[i].can_map_host ? "yes" : "no",
-                   dev[i].has_kernels ? "yes" : "no (built for sm_80 and sm_90)");
-    }
+    char *text = session_devices(json);
+    if (!text) return die("out of memory");
+    puts(text);
+    free(text);
     return fflush(stdout) == 0 ? 0 : die("cannot write to standard output");
 }
 

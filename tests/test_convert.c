@@ -648,6 +648,23 @@ Test(convert, command_line, .timeout = 120)
     cr_expect_str_eq(o2, out);
     cr_expect_gt(strlen(out), 40);
     free(out); free(er); free(o2); free(e2);
+    /* run --json names the mode that ran: the default with a profile is fasa-c */
+    static const char *const modes[][2] = { { "", "fasa-c" }, { "--mode full", "full" }, { "--mode fasa-c", "fasa-c" },
+                                            { "--mode fasa-m", "fasa-m" } };
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "run %s --ids %s -n 4 --json --budget 24 -p %s %s", e.src, ids, prof, modes[i][0]);
+        cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
+        char want[64];
+        snprintf(want, sizeof want, "\"mode\":\t\"%s\"", modes[i][1]);
+        cr_expect(strstr(out, want) != NULL, "'fasa %s' printed %s", args, out);
+        free(out); free(er);
+    }
+    /* bench finds the bundle's own profile as run does: fasa is a known policy without -p (the
+     * tiny model then stops at its missing tokenizer, after the policies are made) */
+    snprintf(args, sizeof args, "bench %s/c.fasa --task ppl --policy full,fasa --budget 24 --context 64", e.dir);
+    cr_expect_eq(cv_fasa(e.dir, args, &out, &er), 2);
+    cr_expect(strstr(er, "needs a model with a tokenizer") != NULL, "%s", er);
+    free(out); free(er);
     /* --to hf needs no profile */
     snprintf(args, sizeof args, "convert %s --to hf -o %s/h --dtype bf16", e.src, e.dir);
     cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
@@ -724,6 +741,12 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
         cr_expect_str_eq(o2, out, "%s: the bundle's greedy tokens differ from the original's", modes[i]);
         free(out); free(er); free(o2); free(e2);
     }
+    /* without -p, bench takes the bundle's own profile too: fasa runs and differs from full */
+    snprintf(args, sizeof args, "bench %s --task ppl --context 512 --steps 32 --budget 64 --policy full,fasa --json %s",
+             bundle, "/usr/share/common-licenses/GPL-3");
+    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_expect(strstr(out, "\"policy\":\t\"fasa\"") != NULL, "%s", out);
+    free(out); free(er);
     /* without -p, run takes the bundle's own profile */
     snprintf(args, sizeof args, "run %s --raw -n 2 %s", bundle, prompt);
     cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);

@@ -82,18 +82,6 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
     return 0;
 }
 
-/* Prefill ids[0..n) in batches ending exactly at n, so later batches never straddle it. */
-static int prefill(const model *m, run_state *s, const int32_t *ids, int n, char *err)
-{
-    for (int i = 0; i < n;) {
-        int nb = n - i < s->n_batch ? n - i : s->n_batch;
-        int rc = model_forward(m, s, ids + i, nb, 0, err);
-        if (rc < 0) return rc;
-        i += nb;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------------- compound CA */
 
 typedef struct ca_ctx {
@@ -188,7 +176,7 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
         if ((rc = policy_init(&c.pol[p], m, &o, err)) < 0) goto out;
     }
     s->stats = &st;
-    if ((rc = prefill(m, s, ids, n_prefill, err)) < 0) goto out;
+    if ((rc = model_prefill(m, s, ids, n_prefill, NULL, err)) < 0) goto out;
     attn_obs obs = { ca_query, &c };
     s->obs = &obs;
     for (int i = n_prefill; i < n; i += s->n_batch) {
@@ -276,7 +264,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
         if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) { run_state_free(s); return rc; }
         s->stats = &st;
         stats_snap sn = { 0 };
-        if ((rc = prefill(m, s, ids, P, err)) < 0) goto next;
+        if ((rc = model_prefill(m, s, ids, P, NULL, err)) < 0) goto next;
         snap_take(&sn, &st);
         for (int pi = 0; pi < cfg->n_policy; pi++) {
             const bench_policy *bp = &cfg->policies[pi];
@@ -385,7 +373,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                 }
                 s->stats = &st;
                 /* prefill all but the last prompt token densely; it is the first decode step */
-                if ((rc = prefill(m, s, ids, n - 1, err)) == 0) snap_take(&sn, &st);
+                if ((rc = model_prefill(m, s, ids, n - 1, NULL, err)) == 0) snap_take(&sn, &st);
                 char want[16];
                 snprintf(want, sizeof want, "%d", key);
                 for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {

@@ -137,10 +137,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
         }
         run_state *s = x->s;
         double t0 = fasa_now();
-        for (int i = 0; i < fill && rc == 0; i += s->n_batch) {
-            int nb = fill - i < s->n_batch ? fill - i : s->n_batch;
-            rc = model_forward(m, s, ids + i, nb, 0, err);
-        }
+        rc = model_prefill(m, s, ids, fill, NULL, err);
         x->prefill_tps = fill / (fasa_now() - t0);
         if (rc) break;
         tile_cache(&s->kv, fill, deepest);

@@ -253,11 +253,13 @@ int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o
         for (int g = 0; g < cf->n_kv_head; g++)
             profile_chunk_dims(m, l, g, o->chunks, c.dims + ((size_t)l * cf->n_kv_head + g) * cf->d_head);
 
+    /* the dense prefix, then the decode steps with the observer */
+    if ((rc = model_prefill(m, s, ids, n_prefill, NULL, err)) < 0) goto out;
+    if (o->progress) o->progress(o->progress_ctx, n_prefill, n);
     attn_obs obs = { on_query, &c };
-    for (int i = 0; i < n; i += n_batch) {
+    s->obs = &obs;
+    for (int i = n_prefill; i < n; i += n_batch) {
         int nb = n - i < n_batch ? n - i : n_batch;
-        /* only the batches that hold decode steps need the observer */
-        s->obs = i + nb > n_prefill ? &obs : NULL;
         if ((rc = model_forward(m, s, ids + i, nb, 0, err)) < 0) goto out;
         if (o->progress) o->progress(o->progress_ctx, i + nb, n);
     }
