@@ -46,8 +46,18 @@ $(BIN)/fasa-tests: $(TEST_OBJ) $(LIB)
 
 # The suite: unit tests on generated fixtures, plus end-to-end checks on the real model when
 # setup has installed it (they report themselves skipped otherwise). Criterion's summary is last.
-test: $(BIN)/fasa $(BIN)/fasa-tests
+test: check-headers $(BIN)/fasa $(BIN)/fasa-tests
 	FASA_BIN=$(CURDIR)/$(BIN)/fasa ./$(BIN)/fasa-tests -j2
+
+# The usage example atop every public header compiles (tests/tools/header_examples.py), and no
+# source line is longer than 120 columns (the house limit; .clang-format says the same).
+.PHONY: check-headers check-lines
+check-headers:
+	@python3 tests/tools/header_examples.py $(CC) $(filter-out -MMD -MP -g,$(CFLAGS)) -- $(PUB_HDR)
+
+check-lines:
+	@awk 'length > 120 { printf "%s:%d: %d columns (the limit is 120)\n", FILENAME, FNR, length; bad = 1 } \
+	     END { exit bad }' $(wildcard formats/*.[ch] $(LIB_DIRS:%=%/*.[ch]) cmd/*.[ch] tests/*.[ch] kernels/*.c kernels/*.h kernels/*.cu kernels/*.cuh fuzz/*.[ch] tests/tools/*.c)
 
 # Logits and greedy tokens of the real model against Hugging Face transformers (scripts/setup.sh
 # installs the reference into $(VENV)).
@@ -213,8 +223,8 @@ $(foreach a,$(CUDA_ARCHS),$(eval $(call CUDA_CHECK_RULE,$(a))))
 DESTDIR      ?=
 INSTALL      ?= install
 FASA_VERSION := $(shell sed -n 's/.*puts("fasa \([0-9][0-9.]*\)").*/\1/p' cmd/main.c)
-# simd.h and quant.h are lib/core's own, not part of the library's interface
-PUB_HDR      := $(sort $(filter-out lib/core/simd.h lib/core/quant.h,$(wildcard formats/*.h $(LIB_DIRS:%=%/*.h))))
+# simd.h, quant.h, attn_impl.h are internal, not part of the library's interface
+PUB_HDR      := $(sort $(filter-out lib/core/simd.h lib/core/quant.h lib/fasa/attn_impl.h,$(wildcard formats/*.h $(LIB_DIRS:%=%/*.h))))
 MAN_PAGES    := $(sort $(wildcard man/*.1))
 I_BIN        := $(DESTDIR)$(PREFIX)/bin
 I_LIB        := $(DESTDIR)$(PREFIX)/lib

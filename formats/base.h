@@ -3,7 +3,7 @@
  *
  *   char err[FASA_ERRLEN];
  *   char *text; size_t len;
- *   if (fasa_read_file("config.json", &text, &len, err) < 0) { fprintf(stderr, "fasa: %s\n", err); ... }
+ *   if (fasa_read_file("config.json", 0, &text, &len, err) < 0) { fprintf(stderr, "fasa: %s\n", err); ... }
  *   if (fasa_write_file("out.json", text, len, err) < 0) ...;   // temp file + fsync + rename
  *   free(text);
  *

@@ -2,10 +2,10 @@
  *
  *   weight w = { GGUF_TYPE_Q4_1, rows, cols, data };     // a view into a mapped file
  *   ops_matmul(y, &w, x, n);        // y[n][rows] = x[n][cols] . W^T, threads over rows
- *   ops_rmsnorm(out, x, gamma, n, eps);
- *   ops_attn_scores(s, q, K, t, d, 1 / sqrtf(d));   // s[i] = q . K[i] / sqrt(d)
- *   ops_softmax(s, t);
- *   ops_attn_accum(out, s, V, t, d);                 // out = sum_i s[i] V[i]
+ *   ops_rmsnorm(out, x, norm, n, eps);
+ *   ops_attn_scores(scores, q, K, t, d, 1 / sqrtf(d));   // scores[i] = q . K[i] / sqrt(d)
+ *   ops_softmax(scores, t);
+ *   ops_attn_accum(out, scores, V, t, d);                 // out = sum_i scores[i] V[i]
  *
  * Weights keep the type they have on disk (enum gguf_type: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
  * Q4_K, Q6_K) and are dequantised a block at a time inside the kernels: no f32 copy of the model.

@@ -1,8 +1,10 @@
 /* bench.h - accuracy benchmarks of the selection policies on one model: compound contextual
  * agreement, perplexity (DESIGN.md §6 protocol) and passkey retrieval.
  *
- *   bench_row *rows; int n;
- *   bench_ppl(m, ids, n_ids, &cfg, &rows, &n, err);   // one row per (policy, budget, context)
+ *   bench_cfg cfg = { .steps = 256, .n_budget = 1, .budgets = { 256 }, .n_ctx = 1, .contexts = { 4096 } };
+ *   bench_policy_parse("fasa-1/4", m, &prof, &cfg.policies[cfg.n_policy++], err);
+ *   bench_row *rows; int n_rows;
+ *   bench_ppl(m, ids, n_ids, &cfg, &rows, &n_rows, err);   // one row per (policy, budget, context)
  *
  * Every task runs the ordinary forward pass: dense prefill, then decode steps whose attention
  * reads what the policy selects (attention.h). Teacher-forced steps run in batches where that

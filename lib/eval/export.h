@@ -4,7 +4,7 @@
  *   if (profile_load(&p, "P.json", err) < 0) ...;
  *   export_summary s;
  *   if (export_summarize(&p, 256, 8, &s, err) < 0) ...;      // K = 256, F = 8
- *   s.layers[l].best_mean, s.layers[l].n_union, s.layers[l].by_votes[0] ...
+ *   double best = s.layers[l].best_mean;                       // also n_union, by_votes[] ...
  *   cJSON *o = export_summary_json(&p, "P.json", &s);          // same facts as JSON
  *   export_summary_free(&s);
  *

@@ -1,7 +1,7 @@
 /* heatmap.h - a profile's contextual agreement as a picture (the paper's Fig. 2 layout).
  *
  *   heatmap_image img;
- *   if (heatmap_render(&p, profile_k_index(&p, 256), 8, &img, err) < 0) ...;   // mark top 8
+ *   if (heatmap_render(&prof, profile_k_index(&prof, 256), 8, &img, err) < 0) ...;   // mark top 8
  *   if (heatmap_write_png(&img, "ca.png", err) < 0) ...;
  *   heatmap_image_free(&img);
  *

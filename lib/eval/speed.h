@@ -2,7 +2,7 @@
  *
  *   speed_cfg c = speed_defaults();
  *   speed_row *rows; int n;
- *   bench_speed(m, prof, ids, n_ids, &c, &rows, &n, err);   // one row per (policy, depth)
+ *   bench_speed(m, &prof, ids, n_ids, &c, &rows, &n, err);   // one row per (policy, depth)
  *
  * The cache is filled by a real dense prefill of the first tokens of a text, then tiled (rows
  * copied) out to the deepest depth: speed does not depend on what the rows hold, and a 32k-token

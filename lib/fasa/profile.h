@@ -2,7 +2,7 @@
  *
  *   profile p;
  *   if (profile_load(&p, "smollm2.profile.json", err) < 0) ...;
- *   if (profile_check_model(&p, m, err) < 0) ...;        // dims, q/k hash, chunk layout
+ *   if (profile_check_model(&p, m, "smollm2.profile.json", err) < 0) ...;   // dims, q/k hash, chunks
  *   const int16_t *r = profile_rank(&p, layer, head);     // chunks, most dominant first
  *   profile_free(&p);
  *
