@@ -144,7 +144,7 @@ static void cuda_close(session *ss)
 
 /* ---------------------------------------------------------------- open */
 
-/* The FASA policy of the options, its key layout (model_key_block orders m's chunks) and the
+/* The FASA policy of the options, its key layout (keys_block orders m's chunks) and the
  * KV cache options it needs. */
 static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *err)
 {
@@ -163,7 +163,7 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         return fasa_error(err, FASA_EARG, "--dense: '%s' has %d layers", model_path, c->n_layer);
     /* split keys: the group's top F chunks (or the union of its heads' own) first in every key,
      * stored as their own block */
-    const int width = model_key_block(m, &ss->prof, po.fcs, o->per_head && !o->group, err);
+    const int width = keys_block(m, &ss->prof, po.fcs, o->per_head && !o->group, err);
     if (width < 0) return width;
     if (width) {
         po.block = o->group ? 0 : o->per_head ? 2 : 1;
@@ -229,7 +229,7 @@ int session_open(session **out, model *m, const char *model_path, const session_
     if (ss->mode != FASA_MODE_FULL) {
         if ((rc = fasa_setup(ss, model_path, &kvo, err)) < 0) goto fail;
     } else if (o->order_chunks) {
-        if ((rc = model_rank_chunks(m, &ss->prof, err)) < 0) goto fail;
+        if ((rc = keys_order(m, &ss->prof, err)) < 0) goto fail;
         snprintf(ss->note, sizeof ss->note, "full attention, key dims in the order of '%s'", ss->profile_path);
     } else if (o->mode == FASA_MODE_AUTO) {
         snprintf(ss->note, sizeof ss->note, "full attention (no profile: 'fasa calibrate %s' enables fasa-c)",

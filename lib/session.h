@@ -15,7 +15,7 @@
  * The profile is found in one place (session_find_profile): the file given, else the model's
  * own (MODEL.profile.json beside it, DIR/profile.json in a converted directory, or the
  * profile.json inside a .fasa bundle). With a profile and a FASA mode, each KV head's frequency
- * chunks are put in the profile's order as the model loads (model_key_block), so that TIP reads
+ * chunks are put in the profile's order as the model loads (keys_block), so that TIP reads
  * one contiguous block of dominant key dims per token.
  */
 #ifndef FASA_SESSION_H
@@ -26,6 +26,7 @@
 
 #include "attention.h"
 #include "model.h"
+#include "keys.h"
 #include "profile.h"
 
 enum fasa_mode {

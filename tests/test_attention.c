@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "keys.h"
 #include "bench.h"
 #include "calibrate.h"
 #include "fixtures.h"
@@ -83,7 +84,7 @@ Test(attention, split_keys_and_cold_tier, .timeout = 60)
     const int d = e.m->cfg.d_head;
     float *before = decode_logits(&e, NULL, 200, 240, 1);
     /* chunks in group-rank order: full attention is unchanged up to float summation order */
-    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     float *ranked = decode_logits(&e, NULL, 200, 240, 1);
     cr_expect_leq(max_rel(ranked, before, n * V), 1e-5, "ranking the chunks changed full attention");
     kv_opts split = { .n_split = 4 }, cold = { .n_split = 4, .cold_dir = e.dir };
@@ -136,7 +137,7 @@ Test(attention, per_head_chunks_in_the_union_block, .timeout = 60)
     char err[FASA_ERRLEN];
     const size_t V = e.m->cfg.n_vocab, n = 40;
     const int d = e.m->cfg.d_head, H = e.m->cfg.n_head;
-    const int w = model_key_block(e.m, &e.p, 2, 1, err);
+    const int w = keys_block(e.m, &e.p, 2, 1, err);
     cr_assert(w >= 2 && 2 * w < d, "block of %d chunks: %s", w, err);
     policy gath, uni;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
@@ -201,7 +202,7 @@ Test(attention, f16_cache, .timeout = 60)
     float *f16s = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
     cr_expect_leq(max_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)", max_rel(f16s, f16, n * V));
 
-    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     float *full_r = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
     policy pol, big;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
@@ -438,7 +439,7 @@ Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
     env_open(&e, 44);
     char err[FASA_ERRLEN];
     const model_config *c = &e.m->cfg;
-    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     policy pol;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
     o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.block = 1;
@@ -473,7 +474,7 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
     env_open(&e, 45);
     char err[FASA_ERRLEN];
     const size_t V = e.m->cfg.n_vocab;
-    cr_assert_eq(model_rank_chunks(e.m, &e.p, err), 0, "%s", err);
+    cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     cr_assert_gt(e.m->cfg.n_head, e.m->cfg.n_kv_head, "the fixture should have groups of heads");
     policy pol;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);

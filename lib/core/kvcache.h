@@ -7,7 +7,7 @@
  *
  * Keys are stored after RoPE in the canonical layout (model.h): frequency chunks as adjacent
  * pairs, in the model's chunk order, so once the chunks are in rank order (a converted model, or
- * model_rank_chunks at load) the dominant chunks are the first dims of every row.
+ * keys_order at load) the dominant chunks are the first dims of every row.
  *
  * Split keys (n_split > 0): dims [0, n_split) of every key, the dominant block, live in their own
  * contiguous (n_ctx, n_split) array per (layer, KV head), and the remaining dims in another, so

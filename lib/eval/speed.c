@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "keys.h"
+
 static const char *const names[SPEED_COUNT] = { "full", "fasa-c", "fasa-m", "quest" };
 
 const char *speed_policy_name(enum speed_policy p) { return names[p]; }
@@ -94,7 +96,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
         if (fcs < 1 || 2 * fcs >= c->d_head) return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
-        if ((width = model_key_block(m, prof, fcs, cfg->per_head, err)) < 0) return width;
+        if ((width = keys_block(m, prof, fcs, cfg->per_head, err)) < 0) return width;
         if (!width) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile of RoPE-plane chunks and F below %d", c->d_head / 2);
     }
     if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))

@@ -55,7 +55,7 @@ int speed_policy_parse(const char *name, enum speed_policy *out);
 /* Tokens prefilled for real before the cache is tiled: n_fill, at most the deepest depth. */
 int speed_fill(const speed_cfg *cfg);
 
-/* May reorder m's chunks (model_rank_chunks) when a FASA policy is asked for. */
+/* May reorder m's chunks (keys_order) when a FASA policy is asked for. */
 int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, const speed_cfg *cfg,
                 speed_row **rows, int *n_rows, char *err);
 

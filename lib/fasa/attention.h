@@ -47,7 +47,7 @@ typedef struct policy_opts {
     int block;               /* fasa, TIP over the contiguous block split keys keep: 1, every head
                               * scores its group's top F chunks (the block), selecting per head;
                               * 2, every head its own top F chunks, inside a block that holds the
-                              * union of its group's (model_rank_chunks_union) */
+                              * union of its group's (keys_order_union) */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */

@@ -92,19 +92,4 @@ uint64_t profile_model_hash(const struct model *m);
  * dims[2j], dims[2j+1]. */
 void profile_chunk_dims(const struct model *m, int layer, int kv_head, enum chunk_def def, int16_t *dims);
 
-/* Puts every KV head's frequency chunks into canonical positions in the order of the profile's
- * group ranking (RoPE-plane profiles only), so the group's top F chunks become dims [0, 2F) of
- * every cached key: the layout split keys need. Attention's results do not change (up to the
- * order of a float sum). Call after profile_check_model; the model's weights are untouched. */
-int model_rank_chunks(struct model *m, const profile *p, char *err);
-/* The same, but each KV group's keys start with the union of its query heads' own top fcs chunks
- * (then the rest, each in group rank order), so that every head's F chunks lie in one block of
- * the widest union's width. Returns that width in chunks (the most over all layers and groups). */
-int model_rank_chunks_union(struct model *m, const profile *p, int fcs, char *err);
-/* Orders m's key dims for split keys and returns the width of their dominant block in chunks: F
- * (the group's top F chunks), or with per_head the widest union of the group's heads' own top F,
- * rounded up to 4 chunks (8 dims, the TIP kernel's step). 0 when the profile's chunks cannot be
- * ordered or no block narrower than a key holds them (then TIP gathers each head's dims). */
-int model_key_block(struct model *m, const profile *p, int fcs, int per_head, char *err);
-
 #endif
