@@ -8,6 +8,7 @@
 
 #include "calibrate.h"
 #include "fixtures.h"
+#include "forward.h"
 #include "gguf.h"
 #include "sampler.h"
 #include "topk.h"

@@ -7,6 +7,7 @@
 
 #include "fixtures.h"
 #include "gguf.h"
+#include "forward.h"
 #include "model.h"
 
 #define N_TOK 40

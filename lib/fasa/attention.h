@@ -26,7 +26,7 @@
 
 #include <stdint.h>
 
-#include "model.h"
+#include "forward.h"
 #include "profile.h"
 
 enum policy_kind {

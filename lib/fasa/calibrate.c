@@ -1,6 +1,7 @@
 /* calibrate.c - the CA observer and the calibration driver. */
 #include "calibrate.h"
 
+#include "forward.h"
 #include "topk.h"
 
 #include <omp.h>
