@@ -353,17 +353,10 @@ static cJSON *dominant_json(const profile *p, const int16_t *r, int fcs)
 int export_json_dims(const profile *p, int fcs, const char *path, char *err)
 {
     if (fcs < 1 || fcs > p->n_chunk) return fasa_error(err, FASA_EARG, "F=%d is outside [1, %d]", fcs, p->n_chunk);
-    char hex[32];
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", "fasa-dims");
     cJSON_AddNumberToObject(o, "version", 1);
-    cJSON *mo = cJSON_AddObjectToObject(o, "model");
-    cJSON_AddStringToObject(mo, "architecture", p->arch);
-    cJSON_AddNumberToObject(mo, "n_layer", p->n_layer);
-    cJSON_AddNumberToObject(mo, "n_head", p->n_head);
-    cJSON_AddNumberToObject(mo, "n_kv_head", p->n_kv_head);
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)p->qk_hash);
-    cJSON_AddStringToObject(mo, "qk_hash", hex);
+    profile_json_identity(p, o);   /* "model", "chunks", "calibration" as a profile has them */
     cJSON_AddNumberToObject(o, "d_head", p->d_head);
     cJSON_AddStringToObject(o, "chunk_definition", p->chunks == CHUNKS_PLANE ? "plane" : "adjacent");
     cJSON_AddStringToObject(o, "dims_layout", "huggingface-rotate-half");   /* dims of one head, 0..d_head-1 */
