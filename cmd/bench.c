@@ -46,8 +46,9 @@ static const char usage_text[] =
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
     "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
     "                        (default 512; the deepest depth: no tiling, a real cache throughout)\n"
-    "      --per-head        speed: fasa-c and fasa-m score each head's own top F chunks, kept in a\n"
-    "                        block holding the union of its KV group's (default: the group's top F)\n"
+    "      --tip T           speed: what fasa-c and fasa-m's TIP reads, as 'fasa run --tip': q4\n"
+    "                        (default), group, union\n"
+    "      --per-head        speed: the same as --tip union (older name)\n"
     "      --steps M         decode steps (default 256)\n"
     "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
     "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
@@ -180,13 +181,13 @@ static const char default_depths[] = "0,0.25,0.5,0.75,1";
 
 static int bench_speed_main(const char *model_path, char **texts, int n_texts, const char *prof_path,
                             const char *policies, const char *budgets, const char *depths, int steps, int repeats,
-                            int fcs, int per_head, int fill, const char *kv_cold, int kv_f16, double bandwidth,
+                            int fcs, int tip, int fill, const char *kv_cold, int kv_f16, double bandwidth,
                             const char *csv, int json)
 {
     speed_cfg cfg = speed_defaults();
     if (fill > 0) cfg.n_fill = fill;
     cfg.kv_f16 = kv_f16;
-    cfg.per_head = per_head;
+    cfg.tip = tip;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];
@@ -231,7 +232,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         cJSON_AddStringToObject(o, "policy", w->policy);
         cJSON_AddNumberToObject(o, "budget", w->budget);
         cJSON_AddNumberToObject(o, "fcs", w->fcs);
-        if (w->fcs) cJSON_AddStringToObject(o, "chunks", cfg.per_head ? "head" : "group");
+        if (w->fcs) cJSON_AddStringToObject(o, "tip", fasa_tip_name(cfg.tip));
+        if (w->fcs) cJSON_AddNumberToObject(o, "tip_bytes_per_key", w->tip_bytes);
         cJSON_AddStringToObject(o, "kv_type", kv_type_name(w->kv_f16));
         cJSON_AddNumberToObject(o, "context", w->depth);
         cJSON_AddNumberToObject(o, "value", w->decode_tok_s);
@@ -304,8 +306,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     }
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
-            "%d prefilled tokens tiled to depth%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
-            kv_type_name(cfg.kv_f16), speed_fill(&cfg), cfg.per_head ? "; fasa: each head's own chunks" : "");
+            "%d prefilled tokens tiled to depth%s%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
+            kv_type_name(cfg.kv_f16), speed_fill(&cfg), cfg.tip ? "; fasa: --tip " : "", cfg.tip ? fasa_tip_name(cfg.tip) : "");
     status = 0;
 out:
     free(rows);
@@ -330,6 +332,7 @@ int cmd_bench(int argc, char **argv)
         { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
         { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
+        { "tip", required_argument, 0, 'I' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -338,7 +341,7 @@ int cmd_bench(int argc, char **argv)
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 22;
-    int json = 0, per_layer = 0, per_head = 0, c;
+    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
         switch (c) {
@@ -355,7 +358,10 @@ int cmd_bench(int argc, char **argv)
         case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'k': kv_cold = optarg; break;
         case 'L': per_layer = 1; break;
-        case 'H': per_head = 1; break;
+        case 'H': tip = FASA_TIP_UNION; break;
+        case 'I':
+            if ((tip = fasa_tip_parse(optarg)) < 0) return die_usage("--tip '%s' is not one of q4, group, union", optarg);
+            break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
@@ -375,7 +381,7 @@ int cmd_bench(int argc, char **argv)
         if (threads) omp_set_num_threads((int)threads);
         return bench_speed_main(argv[optind], argv + optind + 1, argc - optind - 1, prof_path, policies, budgets,
                                 depths == default_depths ? NULL : depths, steps < 0 ? 16 : (int)steps,
-                                (int)repeats, (int)fcs, per_head, (int)fill, kv_cold, kv_f16 != 0, bandwidth, csv, json);
+                                (int)repeats, (int)fcs, tip, (int)fill, kv_cold, kv_f16 != 0, bandwidth, csv, json);
     }
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
         return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);

@@ -35,10 +35,12 @@ static const char usage_text[] =
     "      --recent N        fasa: so are the last N (default: half the budget); the budget\n"
     "                        includes both. Chosen on the calibration text: README, Accuracy\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
-    "      --per-head        fasa: each head scores its own top F chunks, which the cache keeps in\n"
-    "                        a block holding the union of its KV group's heads' (wider: about\n"
-    "                        2.5x the bytes TIP reads at F = 8), instead of the group's top F\n"
-    "                        chunks for all its heads (the default block). More accurate: README\n"
+    "      --tip T           fasa: what the token importance predictor reads. q4 (default): each\n"
+    "                        head's own top F chunks, from a 4-bit copy of its KV group's union of\n"
+    "                        them; group: the group's top F chunks for all its heads, an f16 block\n"
+    "                        (faster to score, less accurate on long text); union: each head's own\n"
+    "                        chunks in an f16 block of the union. README, Accuracy\n"
+    "      --per-head        the same as --tip union (older name)\n"
     "      --order-chunks    full: order every key's dims by the profile's group ranking, as fasa-c\n"
     "                        does (a converted model's arithmetic, float sums in the same order)\n"
     "      --kv-type T       KV cache rows: f16 (default: half the bytes per step) or f32 (exact;\n"
@@ -69,7 +71,7 @@ static const char usage_text[] =
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST,
-       OPT_SINKS, OPT_RECENT };
+       OPT_SINKS, OPT_RECENT, OPT_TIP };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -87,7 +89,7 @@ static const struct option long_opts[] = {
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
     { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
-    { "recent", required_argument, 0, OPT_RECENT },
+    { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
     { 0, 0, 0, 0 },
 };
 
@@ -200,7 +202,13 @@ int cmd_run(int argc, char **argv)
         case OPT_GROUP: so.group = 1; break;
         case OPT_SINKS: if (parse_int("--sinks", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_sink = (int)v; break;
         case OPT_RECENT: if (parse_int("--recent", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_recent = (int)v; break;
-        case OPT_PER_HEAD: so.per_head = 1; break;
+        case OPT_PER_HEAD: so.tip = FASA_TIP_UNION; break;
+        case OPT_TIP: {
+            const int tip = fasa_tip_parse(optarg);
+            if (tip < 0) return die_usage("--tip '%s' is not one of q4, group, union", optarg);
+            so.tip = tip;
+            break;
+        }
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_KV_COLD: so.kv_cold = optarg; break;
         case OPT_DENSE_LIST:

@@ -144,53 +144,88 @@ static void cuda_close(session *ss)
 
 /* ---------------------------------------------------------------- open */
 
-/* The FASA policy of the options, its key layout (keys_block orders m's chunks) and the
- * KV cache options it needs. */
-static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *err)
+static const char *const tip_names[] = { "q4", "group", "union" };
+
+const char *fasa_tip_name(enum fasa_tip t) { return t >= FASA_TIP_Q4 && t <= FASA_TIP_UNION ? tip_names[t] : "?"; }
+
+int fasa_tip_parse(const char *s)
 {
-    const session_opts *o = &ss->o;
-    model *m = ss->m;
+    for (int i = 0; i <= FASA_TIP_UNION; i++)
+        if (!strcmp(s, tip_names[i])) return i;
+    return -1;
+}
+
+void session_policy_opts(const model *m, const profile *prof, const session_opts *o, policy_opts *po)
+{
+    *po = policy_defaults(POLICY_FASA, m, o->budget);
+    po->prof = prof;
+    po->fcs = o->fcs ? o->fcs : prof->fcs;
+    po->n_dense_layers = o->n_dense_layers;
+    po->dense_mask = o->dense_mask;
+    po->group = o->group;
+    if (o->n_sink >= 0) po->n_sink = o->n_sink;
+    if (o->n_recent >= 0) po->n_recent = o->n_recent;
+    po->tip_bits = o->tip == FASA_TIP_Q4 && !o->group ? 4 : 0;
+}
+
+int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
+                 char *err)
+{
     const model_config *c = &m->cfg;
-    policy_opts po = policy_defaults(POLICY_FASA, m, o->budget);
-    po.prof = &ss->prof;
-    po.fcs = o->fcs ? o->fcs : ss->prof.fcs;
-    po.n_dense_layers = o->n_dense_layers;
-    po.dense_mask = o->dense_mask;
-    po.group = o->group;
-    if (o->n_sink >= 0) po.n_sink = o->n_sink;
-    if (o->n_recent >= 0) po.n_recent = o->n_recent;
+    policy_opts po;
+    session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
-        return fasa_error(err, FASA_EARG, "--dense: '%s' has %d layers", model_path, c->n_layer);
-    /* split keys: the group's top F chunks (or the union of its heads' own) first in every key,
-     * stored as their own block */
-    const int width = keys_block(m, &ss->prof, po.fcs, o->per_head && !o->group, err);
-    if (width < 0) return width;
-    if (width) {
-        po.block = o->group ? 0 : o->per_head ? 2 : 1;
-        kvo->n_split = 2 * width;
-    } else if (ss->mode == FASA_MODE_FASA_M) {
-        return fasa_error(err, FASA_EARG, "--mode fasa-m keeps a contiguous block of dominant key dims: it needs a "
-                          "profile of RoPE-plane chunks and F below %d", c->d_head / 2);
+        return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
+    if (!po.tip_bits) {
+        /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
+         * in every key, stored as their own block */
+        const int width = keys_block(m, prof, po.fcs, o->tip == FASA_TIP_UNION && !o->group, err);
+        if (width < 0) return width;
+        if (width) {
+            po.block = o->group ? 0 : o->tip == FASA_TIP_UNION ? 2 : 1;
+            kvo->n_split = 2 * width;
+        } else if (fasa_m) {
+            return fasa_error(err, FASA_EARG, "--mode fasa-m keeps a contiguous block of dominant key dims: it needs "
+                              "a profile of RoPE-plane chunks and F below %d", c->d_head / 2);
+        }
     }
-    if (ss->mode == FASA_MODE_FASA_M) {
+    int rc = policy_init(pol, m, &po, err);   /* FASA_EARG: a flag outside what this model allows (--fcs) */
+    if (rc < 0) return rc;
+    policy_kv_opts(pol, kvo);
+    if (fasa_m) {
         const char *tmp = getenv("TMPDIR");
         kvo->cold_dir = o->kv_cold ? o->kv_cold : tmp && *tmp ? tmp : "/tmp";
     }
-    int rc = policy_init(&ss->pol, m, &po, err);
-    if (rc < 0) return rc;   /* FASA_EARG: a flag outside what this model allows (--fcs) */
+    return 0;
+}
+
+/* The FASA policy of the options and the cache layout it needs; the note saying so. */
+static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *err)
+{
+    const session_opts *o = &ss->o;
+    const model_config *c = &ss->m->cfg;
+    if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
+        return fasa_error(err, FASA_EARG, "--dense: '%s' has %d layers", model_path, c->n_layer);
+    const int rc = session_fasa(ss->m, &ss->prof, o, ss->mode == FASA_MODE_FASA_M, &ss->pol, kvo, err);
+    if (rc < 0) return rc;
     ss->has_policy = 1;
-    char dense[256] = "";
+    const policy_opts *po = &ss->pol.o;
+    char dense[256] = "", tip[160];
     for (int l = 0; l < 64; l++)
         if (o->dense_mask >> l & 1)
             snprintf(dense + strlen(dense), sizeof dense - strlen(dense), "%s%d", *dense ? "," : " + layers ", l);
-    const int recent = po.n_recent < 0 ? po.budget / 2 : po.n_recent;
+    if (po->tip_bits)
+        snprintf(tip, sizeof tip, "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims, %d bytes "
+                 "a key)", ss->pol.tip_width, ss->pol.tip_width / 2 + 4);
+    else
+        snprintf(tip, sizeof tip, "%s", po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"
+                 : kvo->n_split ? "TIP: the group's top chunks, an f16 block" : "TIP gathers each head's dims");
+    const int recent = po->n_recent < 0 ? po->budget / 2 : po->n_recent;
     snprintf(ss->note, sizeof ss->note,
-             "%s (profile '%s', budget %d with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s%s)",
-             fasa_mode_name(ss->mode), ss->profile_path, po.budget, po.n_sink, po.n_sink == 1 ? "" : "s", recent,
-             po.fcs, c->d_head / 2, po.n_dense_layers, po.n_dense_layers == 1 ? "" : "s", dense,
-             o->group ? ", per-KV-head selection" : "",
-             po.block == 2 ? ", TIP over a block of the group's heads' own chunks"
-             : kvo->n_split ? ", TIP over the contiguous dominant key block" : ", TIP gathers each head's dims");
+             "%s (profile '%s', budget %d with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s; %s)",
+             fasa_mode_name(ss->mode), ss->profile_path, po->budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
+             po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense,
+             o->group ? ", per-KV-head selection" : "", tip);
     return 0;
 }
 

@@ -36,6 +36,13 @@ enum fasa_mode {
     FASA_MODE_FASA_M,   /* FASA with only the dominant key block in memory, the rest in a cold tier */
 };
 enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
+/* What the token importance predictor reads. */
+enum fasa_tip {
+    FASA_TIP_Q4,        /* each head's own top F chunks, from a 4-bit copy of its KV group's union of them
+                         * (the default: as accurate as exact keys on the calibration text, fewer bytes) */
+    FASA_TIP_GROUP,     /* the KV group's top F chunks for all its heads, an f16 block of the cache */
+    FASA_TIP_UNION,     /* each head's own chunks inside an f16 block holding its group's union */
+};
 
 const char *fasa_mode_name(enum fasa_mode m);     /* "auto", "full", "fasa-c", "fasa-m" */
 int fasa_mode_parse(const char *s);               /* the mode, or -1 ("fasa" means fasa-c) */
@@ -49,8 +56,8 @@ typedef struct session_opts {
     int n_dense_layers;        /* layers 0..n-1 attend densely (1) */
     uint64_t dense_mask;       /* and these, layer l < 64 as bit l */
     int n_sink, n_recent;      /* forced tokens within the budget (-1: the policy's defaults) */
-    int group;                 /* one selection per KV head */
-    int per_head;              /* each head's own top F chunks (a wider key block) */
+    int group;                 /* one selection per KV head (TIP over the group's chunks) */
+    enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
     /* the KV cache */
     int kv_f16;                /* 1 f16, 0 f32, -1 the default (f16; f32 with CUDA) */
@@ -75,6 +82,17 @@ typedef struct session {
 } session;
 
 session_opts session_defaults(void);
+const char *fasa_tip_name(enum fasa_tip t);   /* "q4", "group", "union" */
+int fasa_tip_parse(const char *s);            /* or -1 */
+
+/* The attention policy of o's FASA settings for m and prof: what `fasa run` uses, and what
+ * `fasa bench --policy default` runs. Fills po (po->prof = prof). */
+void session_policy_opts(const model *m, const profile *prof, const session_opts *o, policy_opts *po);
+/* The policy and the cache layout they need (FASA-M: fasa_m, with cold_dir): orders m's key dims
+ * for the f16 block layouts (keys_block). Returns 0 with pol initialised and kvo filled, or < 0
+ * (FASA_EARG: settings the model cannot meet). */
+int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
+                 char *err);
 
 /* The profile for a model at model_path: path when given, else the model's own. 1 when found,
  * loaded and checked against m (where names it), 0 when there is none, < 0 on an error. */

@@ -514,6 +514,67 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
     env_close(&e);
 }
 
+/* The 4-bit TIP copy (the default): three routes to the same selection give the same logits,
+ * exactly: the fused decode step reading the copy, the per-query path reading it (an observer
+ * turns the fused step off), and a cache without a copy, where TIP rounds each key as the copy
+ * would. The copy reads fewer bytes than the keys would, and a policy rounding differently
+ * (exact keys) changes the output, so the test can tell. */
+static int first_diff(const float *a, const float *b, int n, size_t V)
+{
+    for (int i = 0; i < n; i++)
+        if (max_rel(a + i * V, b + i * V, V) > 1e-5) return i;
+    return -1;
+}
+
+Test(attention, q4_copy_routes_agree, .timeout = 60)
+{
+    env e;
+    env_open(&e, 47);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    policy pol, exact;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.tip_bits = 4;
+    cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+    o.tip_bits = 0;
+    cr_assert_eq(policy_init(&exact, e.m, &o, err), 0, "%s", err);
+    cr_assert_gt(pol.tip_width, 0);
+    const attn_obs watch = { .on_query = noop_query };
+    ops_threads_adaptive(0);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        omp_set_num_threads(nt);
+        float *out[4];
+        uint64_t bytes[4];
+        for (int k = 0; k < 4; k++) {
+            kv_opts ko = { .f16 = 1 };
+            if (k < 2) policy_kv_opts(&pol, &ko);
+            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
+            cr_assert_not_null(s, "%s", err);
+            cr_assert_eq(s->kv.tip_width, k < 2 ? pol.tip_width : 0);
+            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+            cr_assert_eq(attention_use_policy(s, k == 3 ? &exact : &pol, 200, err), 0, "%s", err);
+            s->obs = k == 1 ? &watch : NULL;
+            out[k] = malloc(sizeof(float) * 40 * V);
+            const uint64_t b0 = run_state_kv_bytes_read(s);
+            for (int i = 200; i < 240; i++) {
+                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+            }
+            bytes[k] = run_state_kv_bytes_read(s) - b0;
+            run_state_free(s);
+        }
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5, "%d threads: fused and per-query q4 differ", nt);
+        cr_expect_leq(max_rel(out[1], out[2], 40 * V), 1e-5, "%d threads: the copy and rounding keys differ (%g; first step %d)", nt, max_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
+        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-5, "%d threads: q4 selected as exact keys do everywhere", nt);
+        cr_expect_lt(bytes[0], bytes[3], "the copy should be read instead of keys (%llu vs %llu bytes)",
+                     (unsigned long long)bytes[0], (unsigned long long)bytes[3]);
+        for (int k = 0; k < 4; k++) free(out[k]);
+    }
+    policy_free(&pol);
+    policy_free(&exact);
+    env_close(&e);
+}
+
 /* The attention hook (what --device cuda plugs into): a hook doing the same arithmetic with the
  * scalar kernels gives the same logits, dense and focused, so queries reach it with the right
  * rows; an error it returns stops the step with its message. */

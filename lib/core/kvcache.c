@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,18 +62,42 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
     *kv = (kvcache){ .n_layer = n_layer, .n_kv_head = n_kv_head, .n_ctx = n_ctx, .d_head = d_head, .n_split = split,
                      .f16 = o && o->f16 };
     const size_t es = kvcache_esz(kv);
+    const int tw = o ? o->tip_width : 0;
     if (split < 0 || split >= d_head || split % 2)
         return fasa_error(err, FASA_EARG, "the dominant key block must be an even width below %d dims, not %d", d_head, split);
-    if (cold_dir && !split) return fasa_error(err, FASA_EARG, "a cold KV tier needs split keys");
+    if (tw < 0 || tw % 8 || tw > d_head + 8 || (tw && (split || !o->tip_map)))
+        return fasa_error(err, FASA_EARG, "a TIP copy needs whole key rows, a map and a width of 8k dims, not %d", tw);
+    if (cold_dir && !split && !tw) return fasa_error(err, FASA_EARG, "a cold KV tier needs split keys or a TIP copy");
     const size_t rows = (size_t)n_layer * n_kv_head * n_ctx;
     const size_t nk = rows * kvcache_kw(kv), nr = split ? rows * (d_head - split) : 0, nv = rows * d_head;
-    kv->k = kv_alloc(nk * es);
+    if (tw) {
+        kv->tip_width = tw;
+        kv->n_tiles = (n_ctx + 15) / 16;
+        const size_t heads = (size_t)n_layer * n_kv_head, tiles = heads * kv->n_tiles;
+        kv->tip_map = malloc(heads * tw * sizeof *kv->tip_map);
+        kv->tq = kv_alloc(tiles * (tw / 8) * 64);
+        kv->tscale = kv_alloc(tiles * 16 * sizeof(float));
+        if (!kv->tip_map || !kv->tq || !kv->tscale) {
+            kvcache_free(kv);
+            return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
+        }
+        memcpy(kv->tip_map, o->tip_map, heads * tw * sizeof *kv->tip_map);
+        for (size_t i = 0; i < heads * tw; i++)
+            if (kv->tip_map[i] >= d_head) {
+                kvcache_free(kv);
+                return fasa_error(err, FASA_EARG, "the TIP copy maps dim %d of a %d-dim key", kv->tip_map[i], d_head);
+            }
+    }
     if (cold_dir) {
-        kv->cold_len = (nr + nv) * es;
+        /* FASA-M: what TIP reads stays (the dominant block, or the copy); the rest goes cold */
+        const size_t ck = tw ? nk : nr;
+        kv->cold_len = (ck + nv) * es;
         if (!(kv->cold = cold_map(cold_dir, kv->cold_len, err))) { kvcache_free(kv); return FASA_EIO; }
-        kv->kr = kv->cold;
-        kv->v = (char *)kv->cold + nr * es;
+        if (tw) kv->k = kv->cold;
+        else kv->kr = kv->cold, kv->k = kv_alloc(nk * es);
+        kv->v = (char *)kv->cold + ck * es;
     } else {
+        kv->k = kv_alloc(nk * es);
         kv->kr = split ? kv_alloc(nr * es) : NULL;
         kv->v = kv_alloc(nv * es);
     }
@@ -86,11 +111,15 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
 
 void kvcache_free(kvcache *kv)
 {
-    free(kv->k);
-    if (kv->cold) munmap(kv->cold, kv->cold_len);
-    else free(kv->kr), free(kv->v);
-    kv->k = kv->kr = kv->v = NULL;
-    kv->cold = NULL;
+    if (kv->cold) {
+        if (kv->k != kv->cold) free(kv->k);
+        munmap(kv->cold, kv->cold_len);
+    } else {
+        free(kv->k), free(kv->kr), free(kv->v);
+    }
+    free(kv->tip_map), free(kv->tq), free(kv->tscale);
+    kv->k = kv->kr = kv->v = kv->cold = NULL;
+    kv->tip_map = NULL, kv->tq = NULL, kv->tscale = NULL;
 }
 
 size_t kvcache_bytes(const kvcache *kv, int n_tokens)
@@ -106,7 +135,73 @@ size_t kvcache_cold_bytes(const kvcache *kv, int n_tokens)
 
 size_t kvcache_resident_bytes(const kvcache *kv, int n_tokens)
 {
-    return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens);
+    const size_t copy = (size_t)kv->n_layer * kv->n_kv_head * n_tokens * kvcache_tip_bytes(kv);
+    return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens) + copy;
+}
+
+float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v)
+{
+    float amax = 0;
+    for (int j = 0; j < tw; j++)
+        if (map[j] >= 0) amax = fmaxf(amax, fabsf(key[map[j]]));
+    const float scale = amax > 0 && isfinite(amax) ? amax / 7 : 0, inv = scale > 0 ? 1 / scale : 0;
+    for (int j = 0; j < tw; j++) {
+        const float x = map[j] >= 0 ? nearbyintf(key[map[j]] * inv) : 0;
+        v[j] = (int8_t)(x > 7 ? 7 : x < -7 ? -7 : x == x ? x : 0);
+    }
+    return scale;
+}
+
+float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum)
+{
+    float amax = 0;
+    for (int j = 0; j < tw; j++) amax = fmaxf(amax, fabsf(q[j]));
+    const float inv = amax > 0 && isfinite(amax) ? 127 / amax : 0;
+    *qsum = 0;
+    for (int j = 0; j < tw; j++) {
+        const float x = nearbyintf(q[j] * inv);
+        *qsum += qi[j] = (int8_t)(x > 127 ? 127 : x < -127 ? -127 : x == x ? x : 0);
+    }
+    return inv > 0 ? amax / 127 : 0;
+}
+
+/* Row i of the TIP copy of (layer, head) from a key, into the row's nibbles of its tile (ops.h,
+ * ops_tip_q4): value v + 8. */
+static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
+{
+    const int tw = kv->tip_width;
+    const size_t lh = (size_t)layer * kv->n_kv_head + head;
+    int8_t v[1032];
+    kv->tscale[lh * kv->n_tiles * 16 + i] = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, v);
+    uint8_t *tile = kv->tq + (lh * kv->n_tiles + (size_t)i / 16) * (tw / 8) * 64 + 4 * (i % 16);
+    for (int j = 0; j < tw / 8; j++)
+        for (int b = 0; b < 4; b++) tile[(size_t)j * 64 + b] = (uint8_t)((v[8 * j + b] + 8) | (v[8 * j + 4 + b] + 8) << 4);
+}
+
+void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, const float *Q, int nq, int ldq, float *S,
+                        int lds)
+{
+    const int tw = kv->tip_width;
+    int8_t qi[8 * 1032];
+    int32_t qsum[8];
+    float qscale[8], edge[8 * 16];
+    for (int h = 0; h < nq; h++) qscale[h] = kvcache_tip_query(Q + (size_t)h * ldq, tw, qi + h * tw, &qsum[h]);
+    const size_t lh = (size_t)layer * kv->n_kv_head + head, tile = (size_t)(tw / 8) * 64;
+    const uint8_t *tq = kv->tq + lh * kv->n_tiles * tile;
+    const float *ks = kv->tscale + lh * kv->n_tiles * 16;
+    /* whole tiles straight into S; a tile that [a, b) cuts into through edge */
+    for (int t = a / 16; t * 16 < b;) {
+        const int whole = t * 16 >= a ? (b - t * 16) / 16 : 0;
+        if (whole > 0) {
+            ops_tip_q4(S + 16 * t, lds, qi, tw, qsum, qscale, nq, tq + t * tile, ks + 16 * t, whole, tw);
+            t += whole;
+            continue;
+        }
+        ops_tip_q4(edge, 16, qi, tw, qsum, qscale, nq, tq + t * tile, ks + 16 * t, 1, tw);
+        const int r0 = a > t * 16 ? a - t * 16 : 0, r1 = b < t * 16 + 16 ? b - t * 16 : 16;
+        for (int h = 0; h < nq; h++) memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
+        t++;
+    }
 }
 
 /* n values of row i of part p into out (f32), or from in into the row */
@@ -138,6 +233,10 @@ void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key)
     const int s = kv->n_split;
     row_put(kv, KV_KEYS, layer, head, i, key, kvcache_kw(kv));
     if (s) row_put(kv, KV_REST, layer, head, i, key + s, kv->d_head - s);
+    if (!kv->tip_width) return;
+    /* the copy rounds the key as cached, so that TIP over it agrees with TIP over the keys */
+    float row[1024];
+    tip_put(kv, layer, head, i, kvcache_key_row(kv, layer, head, i, row));
 }
 
 void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val)
@@ -168,6 +267,14 @@ void kvcache_copy_row(kvcache *kv, int from, int to)
                 char *base = kvcache_rows(kv, p, l, g);
                 memcpy(base + (size_t)to * rb, base + (size_t)from * rb, rb);
             }
+    if (!kv->tip_width) return;
+    const size_t tile = (size_t)(kv->tip_width / 8) * 64;
+    for (size_t lh = 0; lh < (size_t)kv->n_layer * kv->n_kv_head; lh++) {
+        uint8_t *tq = kv->tq + lh * kv->n_tiles * tile;
+        for (size_t j = 0; j < tile / 64; j++)
+            memcpy(tq + (to / 16) * tile + j * 64 + 4 * (to % 16), tq + (from / 16) * tile + j * 64 + 4 * (from % 16), 4);
+        kv->tscale[lh * kv->n_tiles * 16 + to] = kv->tscale[lh * kv->n_tiles * 16 + from];
+    }
 }
 
 void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,

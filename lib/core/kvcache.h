@@ -19,6 +19,14 @@
  * Rows are f32 or f16 (kv_opts.f16; what llama.cpp keeps by default): f16 halves the bytes every
  * decode step streams. Readers go through kvcache_scores / kvcache_accum, which pick the kernel
  * for the type; kvcache_k / kvcache_kr / kvcache_v give typed pointers into f32 caches only.
+ *
+ * The TIP copy (tip_width > 0): beside the keys, a compact copy of the dims the token importance
+ * predictor reads (for each (layer, KV head), the dims tip_map lists: the union of its query
+ * heads' dominant chunks), each key's values rounded to 4-bit integers with one f32 scale per key
+ * (amax / 7). Ranking needs order, not exact values: on the calibration text this copy selects as
+ * well as exact keys (README, Accuracy) at 4 bits a value. It is laid out in tiles of 16 keys for
+ * ops_tip_q4 and read only by kvcache_tip_scores. With a cold tier (FASA-M) the copy is all that
+ * stays in memory; keys and values go to the file.
  */
 #ifndef FASA_KVCACHE_H
 #define FASA_KVCACHE_H
@@ -28,8 +36,10 @@
 
 typedef struct kv_opts {
     int n_split;             /* 0: whole key rows; else the width of the dominant block */
-    const char *cold_dir;    /* FASA-M: where the cold tier's file goes (needs n_split > 0) */
+    const char *cold_dir;    /* FASA-M: where the cold tier's file goes (needs n_split or a copy) */
     int f16;                 /* rows stored as f16 (rounded to nearest even) instead of f32 */
+    int tip_width;           /* dims of the TIP copy (a multiple of 8); 0: no copy */
+    const int16_t *tip_map;  /* (n_layer, n_kv_head, tip_width) the key dim each copy dim holds, -1 none */
 } kv_opts;
 
 typedef struct kvcache {
@@ -39,8 +49,13 @@ typedef struct kvcache {
     void *k;         /* (n_layer, n_kv_head, n_ctx, kw): whole rows, or the dominant block */
     void *kr;        /* (n_layer, n_kv_head, n_ctx, d_head - n_split) when split, else NULL */
     void *v;         /* (n_layer, n_kv_head, n_ctx, d_head) */
-    void *cold;      /* the cold tier's mapping (kr and v), or NULL */
+    void *cold;      /* the cold tier's mapping (kr and v; k and v with a TIP copy), or NULL */
     size_t cold_len;
+    int tip_width;   /* the TIP copy: dims per key, 0 when there is none */
+    int n_tiles;     /* tiles of 16 keys per (layer, KV head): n_ctx rounded up */
+    int16_t *tip_map;/* (n_layer, n_kv_head, tip_width) */
+    uint8_t *tq;     /* (n_layer, n_kv_head, n_tiles, tip_width / 8, 64) 4-bit values (ops_tip_q4) */
+    float *tscale;   /* (n_layer, n_kv_head, 16 n_tiles) one scale per key */
 } kvcache;
 
 int  kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head, const kv_opts *o, char *err);
@@ -85,6 +100,19 @@ void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int 
                     const float *Q, int nq, int ldq, float scale, float *S, int lds);
 void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32_t *idx, int n, const float *P,
                    int nq, const int *len, float *O, int ldo);
+
+/* TIP over the copy: S[h lds + i] for rows a <= i < b and the nq <= 8 queries Q (f32, ldq apart,
+ * tip_width dims each in copy order, zero where a query has no dim). S points at row 0. */
+void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, const float *Q, int nq, int ldq, float *S,
+                        int lds);
+/* The copy's rounding, for callers that score without a copy and must agree with it exactly:
+ * a key's mapped dims as integers v (-7..7) and the scale returned, v ~ key / scale; a query's
+ * tw values as qi (-127..127), *qsum their sum, and the scale returned. A score is then
+ * (float)(sum_j v[j] qi[j]) * (key scale * query scale). */
+float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v);
+float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
+/* Bytes the copy holds per key (values and scale). */
+static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kv->tip_width ? (size_t)kv->tip_width / 2 + 4 : 0; }
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);

@@ -636,3 +636,93 @@ void ops_swiglu(float *a, const float *b, int n)
 #endif
 }
 
+/* ---- TIP over 4-bit keys (ops.h: ops_tip_q4) ------------------------------------------------- */
+
+void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
+                    const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+{
+    const size_t tile = (size_t)tw / 8 * 64;
+    for (int t = 0; t < n_tiles; t++)
+        for (int r = 0; r < 16; r++)
+            for (int h = 0; h < nq; h++) {
+                int32_t dot = 0;
+                for (int j = 0; j < tw / 8; j++)
+                    for (int b = 0; b < 4; b++) {
+                        const uint8_t v = tiles[t * tile + (size_t)j * 64 + 4 * r + b];
+                        dot += (v & 15) * qi[(size_t)h * ldq + 8 * j + b] + (v >> 4) * qi[(size_t)h * ldq + 8 * j + 4 + b];
+                    }
+                S[(size_t)h * ldo + 16 * t + r] = (float)(dot - 8 * qsum[h]) * (kscale[16 * t + r] * qscale[h]);
+            }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* A tile's 16 rows are the 16 lanes of one register: each vpdpbusd adds, per row, a 4-dim slice
+ * of the dot product (the row's 4 nibbles times the query's 4 bytes, broadcast), so no
+ * horizontal sums are needed. */
+void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
+                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+{
+    const int ng = tw / 8;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
+        __m512i acc[8];
+        for (int h = 0; h < nq; h++) acc[h] = _mm512_setzero_si512();
+        if (t + 2 < n_tiles) prefetch_bytes(tiles + 2 * (size_t)ng * 64, (size_t)ng * 64);
+        for (int j = 0; j < ng; j++) {
+            const __m512i v = _mm512_loadu_si512(tiles + (size_t)j * 64);
+            const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            for (int h = 0; h < nq; h++) {
+                int32_t a, b;
+                memcpy(&a, qi + (size_t)h * ldq + 8 * j, 4);
+                memcpy(&b, qi + (size_t)h * ldq + 8 * j + 4, 4);
+                acc[h] = _mm512_dpbusd_epi32(acc[h], lo, _mm512_set1_epi32(a));
+                acc[h] = _mm512_dpbusd_epi32(acc[h], hi, _mm512_set1_epi32(b));
+            }
+        }
+        const __m512 ks = _mm512_loadu_ps(kscale + 16 * t);
+        for (int h = 0; h < nq; h++) {
+            const __m512i d = _mm512_sub_epi32(acc[h], _mm512_set1_epi32(8 * qsum[h]));
+            _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t,
+                             _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ks, _mm512_set1_ps(qscale[h]))));
+        }
+    }
+}
+#elif defined(OPS_AVX2)
+/* Eight rows per register: vpmaddubsw multiplies the nibbles by the query bytes and adds pairs
+ * (at most 2 x 15 x 127, no saturation), vpmaddwd by ones adds the pairs into a row's 4-dim sum. */
+void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
+                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+{
+    const int ng = tw / 8;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64)
+        for (int half = 0; half < 2; half++) {
+            __m256i acc[8];
+            for (int h = 0; h < nq; h++) acc[h] = _mm256_setzero_si256();
+            for (int j = 0; j < ng; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(tiles + (size_t)j * 64 + 32 * half));
+                const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                for (int h = 0; h < nq; h++) {
+                    int32_t a, b;
+                    memcpy(&a, qi + (size_t)h * ldq + 8 * j, 4);
+                    memcpy(&b, qi + (size_t)h * ldq + 8 * j + 4, 4);
+                    const __m256i pa = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a));
+                    const __m256i pb = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b));
+                    acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones));
+                }
+            }
+            const __m256 ks = _mm256_loadu_ps(kscale + 16 * t + 8 * half);
+            for (int h = 0; h < nq; h++) {
+                const __m256i d = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(8 * qsum[h]));
+                _mm256_storeu_ps(S + (size_t)h * ldo + 16 * t + 8 * half,
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ks, _mm256_set1_ps(qscale[h]))));
+            }
+        }
+}
+#else
+void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
+                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+{
+    ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, nq, tiles, kscale, n_tiles, tw);
+}
+#endif

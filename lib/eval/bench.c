@@ -9,6 +9,7 @@
 
 #include "calibrate.h"
 #include "sampler.h"
+#include "session.h"
 #include "topk.h"
 
 int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
@@ -17,8 +18,14 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     snprintf(base, sizeof base, "%s", spec);
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", spec);
+    if (!strcmp(spec, "default")) {   /* exactly what `fasa run` selects without flags */
+        if (!prof) return fasa_error(err, FASA_EARG, "policy 'default' needs a profile (-p)");
+        const session_opts so = session_defaults();
+        session_policy_opts(m, prof, &so, &out->o);
+        return 0;
+    }
     const int nc = m->cfg.d_head / 2;
-    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1;
+    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
     if (at) {
@@ -42,6 +49,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-group")) group = 1;
         else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
+        else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
@@ -59,6 +67,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.fcs = fcs < 1 ? 1 : fcs;
     out->o.group = group;
     out->o.block = block;
+    out->o.tip_bits = tip_bits;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     if (sink >= 0) out->o.n_sink = sink;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "keys.h"
+#include "session.h"
 
 static const char *const names[SPEED_COUNT] = { "full", "fasa-c", "fasa-m", "quest" };
 
@@ -92,12 +92,12 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     int fasa = 0;
     for (int p = 0; p < cfg->n_policy; p++) fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
     const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
-    int width = 0;   /* chunks in the dominant key block */
+    /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
+    session_opts so = session_defaults();
+    so.budget = cfg->budget, so.fcs = fcs, so.tip = cfg->tip, so.kv_cold = cfg->cold_dir;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
         if (fcs < 1 || 2 * fcs >= c->d_head) return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
-        if ((width = keys_block(m, prof, fcs, cfg->per_head, err)) < 0) return width;
-        if (!width) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile of RoPE-plane chunks and F below %d", c->d_head / 2);
     }
     if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))
         return fasa_error(err, FASA_ENOMEM, "out of memory");
@@ -122,21 +122,17 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
         double a0, f0;
         rss(&a0, &f0);
         kv_opts ko = { .f16 = cfg->kv_f16 };
-        if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) ko.n_split = 2 * width;
-        if (sp == SPEED_FASA_M) ko.cold_dir = cfg->cold_dir ? cfg->cold_dir : "/tmp";
-        if (!(x->s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err))) { rc = FASA_ENOMEM; break; }
-        if (sp != SPEED_FULL) {
-            policy_opts o = policy_defaults(sp == SPEED_QUEST ? POLICY_QUEST : POLICY_FASA, m, cfg->budget);
-            o.prof = prof;
-            o.fcs = fcs;
-            o.block = sp == SPEED_QUEST ? 0 : cfg->per_head ? 2 : 1;
+        if (sp == SPEED_FASA_C || sp == SPEED_FASA_M) {
+            if ((rc = session_fasa(m, prof, &so, sp == SPEED_FASA_M, &x->pol, &ko, err)) < 0) break;
+            x->have_pol = 1;
+        } else if (sp == SPEED_QUEST) {
+            policy_opts o = policy_defaults(POLICY_QUEST, m, cfg->budget);
             if ((rc = policy_init(&x->pol, m, &o, err)) < 0) break;
             x->have_pol = 1;
-            if (sp == SPEED_QUEST) {
-                if ((rc = attn_stats_init(&x->st, m, deepest + cfg->steps + 1, STATS_QUEST, 0, err)) < 0) break;
-                x->have_st = 1;
-            }
+            if ((rc = attn_stats_init(&x->st, m, deepest + cfg->steps + 1, STATS_QUEST, 0, err)) < 0) break;
+            x->have_st = 1;
         }
+        if (!(x->s = run_state_new_kv(m, deepest + cfg->steps + 1, 64, &ko, err))) { rc = FASA_ENOMEM; break; }
         run_state *s = x->s;
         double t0 = fasa_now();
         rc = model_prefill(m, s, ids, fill, NULL, err);
@@ -178,6 +174,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             w->kv_f16 = cfg->kv_f16;
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
             w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
+            /* what TIP streams per key and KV head: the copy, or the f16/f32 block */
+            if (w->fcs) w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
             w->decode_tok_s = median(tps + pi * R, R);
             w->attn_ms = median(attn + pi * R, R);
             w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;

@@ -27,7 +27,7 @@ typedef struct speed_cfg {
     int n_fill;                   /* tokens prefilled for real before tiling (and timed) */
     const char *cold_dir;         /* fasa-m's cold tier */
     int kv_f16;                   /* KV rows as f16 (else f32) */
-    int per_head;                 /* fasa: each head's own top F chunks (block 2), not the group's */
+    int tip;                      /* fasa: what TIP reads (enum fasa_tip, session.h; 0: the default) */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
@@ -36,6 +36,7 @@ typedef struct speed_cfg {
 typedef struct speed_row {
     char policy[16];
     int depth, budget, fcs;
+    int tip_bytes;                /* fasa: bytes per key and KV head TIP reads (the copy or the block) */
     int kv_f16;
     double decode_tok_s;          /* median over repeats */
     double attn_ms;               /* attention per token (median) */

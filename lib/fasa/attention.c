@@ -242,7 +242,9 @@ static int tip_block_ok(const model *m, const run_state *s)
     const policy *p = s->policy;
     const int ns = s->kv.n_split;
     return p && p->o.kind == POLICY_FASA && !p->o.group && p->tip && m->cfg.n_head / m->cfg.n_kv_head <= 8 &&
-           ((p->o.block == 1 && ns == p->n_dom) || (p->o.block == 2 && p->dom_end <= ns));
+           ((p->o.tip_bits && p->tip_width && s->kv.tip_width == p->tip_width) ||
+            (!p->o.tip_bits && p->o.block == 1 && ns == p->n_dom) ||
+            (!p->o.tip_bits && p->o.block == 2 && p->dom_end <= ns));
 }
 
 /* The path of layer l for a batch of n tokens at positions n_past.. (see enum attn_path). */

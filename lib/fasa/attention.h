@@ -44,6 +44,9 @@ typedef struct policy_opts {
                               * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
                               * calibration text, README); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
+    int tip_bits;            /* fasa: 4: TIP reads each head's own chunks from the cache's 4-bit copy
+                              * of its group's union (kvcache.h), or rounds keys the same way when
+                              * the cache has none; 0: TIP reads the keys as cached */
     int block;               /* fasa, TIP over the contiguous block split keys keep: 1, every head
                               * scores its group's top F chunks (the block), selecting per head;
                               * 2, every head its own top F chunks, inside a block that holds the
@@ -60,6 +63,9 @@ typedef struct policy {
     int n_dom;               /* dims per key the selector reads (2F), 0 when it reads none */
     int16_t *dom;            /* (n_layer, n_head, 2F) canonical dims of the dominant chunks */
     int dom_end;             /* 1 + the largest of them: a key block that wide holds them all */
+    int tip_width;           /* tip_bits: dims of the copy (the widest union, to a multiple of 8) */
+    int16_t *tip_map;        /* (n_layer, n_kv_head, tip_width) the key dim each copy dim holds, or -1 */
+    int16_t *tip_pos;        /* (n_layer, n_head, 2F) where each of a head's dims sits in the copy */
     /* scratch for a context of n_ctx tokens and n_threads threads (policy_reserve) */
     int n_ctx, n_threads;
     int32_t *idx;            /* (n_threads, n_ctx) a query's chosen rows */
@@ -119,6 +125,11 @@ void policy_free(policy *p);
 int  policy_reserve(policy *p, int n_ctx, int n_threads, char *err);
 /* Room for `threads` threads' picks of mid tokens per head (FASA's decode step); 0 or < 0. */
 int  policy_reserve_picks(policy *p, int threads, int mid);
+/* The cache layout the policy reads fastest from: with tip_bits, the TIP copy's width and map. */
+void policy_kv_opts(const policy *p, kv_opts *ko);
+/* Head h's query (canonical layout) as TIP reads the copy: its own dims at their copy positions,
+ * zero elsewhere (tip_width floats). */
+void policy_tip_query(const policy *p, int layer, int head, const float *q, float *out);
 int  policy_stats_flags(const policy *p);
 
 /* Chooses the tokens query head `head` at position pos reads in `layer`, among positions 0..pos.

@@ -53,6 +53,20 @@ static int tip_owner(int g, int nt, int G, int lo, int hi)
     return -1;
 }
 
+/* TIP of group g's heads over rows [a, b), into p->tip: from the 4-bit copy, or from the
+ * contiguous dominant block. */
+static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, int ldq)
+{
+    policy *p = s->policy;
+    const int grp = p->m->cfg.n_head / p->m->cfg.n_kv_head;
+    float *out = p->tip + (size_t)g * grp * p->tip_ld;
+    if (p->o.tip_bits)
+        kvcache_tip_scores(&s->kv, l, g, a, b, tq + (size_t)g * grp * ldq, grp, ldq, out, p->tip_ld);
+    else
+        kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f, out + a,
+                       p->tip_ld);
+}
+
 /* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
  * n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
 static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int nt)
@@ -96,8 +110,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, c
         for (int g = p0 / L; g < G && g * L < p1; g++) {
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
             if (b <= a) continue;
-            kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f,
-                           p->tip + (size_t)g * grp * p->tip_ld + a, p->tip_ld);
+            tip_rows(s, l, g, a, b, tq, ldq);
             s->bytes_kv[8 * tid] += attn_select_bytes(p, b - a, dh, s->kv.n_split, esz);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
                 const float *row = p->tip + (size_t)h * p->tip_ld + a;
@@ -130,14 +143,14 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, c
 
 void fasa_tip_all(const model *m, run_state *s, int l, const float *tq, int ldq)
 {
-    const int grp = m->cfg.n_head / m->cfg.n_kv_head, t1 = s->n_past + 1, P = decode_parts(t1);
-    policy *p = s->policy;
+    const int t1 = s->n_past + 1, P = decode_parts(t1);
+    /* parts cut at multiples of 16 rows: the copy's tiles are never shared between threads */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
     for (int it = 0; it < m->cfg.n_kv_head * P; it++) {
         const int g = it / P, part = it % P;
-        const int a = (int)((int64_t)part * t1 / P), b = (int)((int64_t)(part + 1) * t1 / P);
-        kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f,
-                       p->tip + (size_t)g * grp * p->tip_ld + a, p->tip_ld);
+        const int a = part ? (int)((int64_t)part * t1 / P) & ~15 : 0;
+        const int b = part + 1 < P ? (int)((int64_t)(part + 1) * t1 / P) & ~15 : t1;
+        if (b > a) tip_rows(s, l, g, a, b, tq, ldq);
     }
 }
 
@@ -146,6 +159,11 @@ const float *fasa_tip_queries(const model *m, const run_state *s, int l, int *ld
     const policy *p = s->policy;
     const int H = m->cfg.n_head, dh = m->cfg.d_head, ns = s->kv.n_split, nd = p->n_dom;
     *ldq = dh;
+    if (p->o.tip_bits) {   /* each head's own dims at their places in the copy */
+        for (int h = 0; h < H; h++) policy_tip_query(p, l, h, s->q + (size_t)h * dh, p->tipq + (size_t)h * p->tip_width);
+        *ldq = p->tip_width;
+        return p->tipq;
+    }
     if (p->o.block != 2) return s->q;
     memset(p->tipq, 0, sizeof(float) * H * ns);
     for (int h = 0; h < H; h++) {

@@ -88,11 +88,52 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             for (int j = 0; j < o->fcs; j++) dst[2 * j] = dims[2 * chosen[j]], dst[2 * j + 1] = dims[2 * chosen[j] + 1];
             for (int j = 0; j < p->n_dom; j++) p->dom_end = dst[j] + 1 > p->dom_end ? dst[j] + 1 : p->dom_end;
         }
+    if (o->kind == POLICY_FASA && o->tip_bits) {
+        if (o->tip_bits != 4) return fasa_error(err, FASA_EARG, "the TIP copy holds 4-bit values, not %d", o->tip_bits);
+        /* the copy holds, per KV group, the union of its heads' dims, in key order */
+        const int G = c->n_kv_head, grp = c->n_head / G, d = c->d_head;
+        int16_t *u = malloc(sizeof(int16_t) * c->n_layer * G * d);
+        int *nu = calloc((size_t)c->n_layer * G, sizeof(int));
+        if (!u || !nu) { free(u); free(nu); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+        for (int l = 0; l < c->n_layer; l++)
+            for (int g = 0; g < G; g++) {
+                uint8_t in[1024] = { 0 };
+                for (int h = g * grp; h < (g + 1) * grp; h++)
+                    for (int j = 0; j < p->n_dom; j++) in[p->dom[((size_t)l * c->n_head + h) * p->n_dom + j]] = 1;
+                const size_t lg = (size_t)l * G + g;
+                for (int j = 0; j < d; j++)
+                    if (in[j]) u[lg * d + nu[lg]++] = (int16_t)j;
+                p->tip_width = nu[lg] > p->tip_width ? nu[lg] : p->tip_width;
+            }
+        p->tip_width = (p->tip_width + 7) / 8 * 8;
+        const int tw = p->tip_width;
+        p->tip_map = malloc(sizeof(int16_t) * c->n_layer * G * tw);
+        p->tip_pos = malloc(sizeof(int16_t) * c->n_layer * c->n_head * p->n_dom);
+        if (!p->tip_map || !p->tip_pos) { free(u); free(nu); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+        for (int l = 0; l < c->n_layer; l++)
+            for (int g = 0; g < G; g++) {
+                const size_t lg = (size_t)l * G + g;
+                int16_t pos[1024];
+                for (int j = 0; j < tw; j++) {
+                    p->tip_map[lg * tw + j] = (int16_t)(j < nu[lg] ? u[lg * d + j] : -1);
+                    if (j < nu[lg]) pos[u[lg * d + j]] = (int16_t)j;
+                }
+                for (int h = g * grp; h < (g + 1) * grp; h++)
+                    for (int j = 0; j < p->n_dom; j++) {
+                        const size_t at = ((size_t)l * c->n_head + h) * p->n_dom + j;
+                        p->tip_pos[at] = pos[p->dom[at]];
+                    }
+            }
+        free(u);
+        free(nu);
+    }
     return 0;
 }
 
 void policy_free(policy *p)
 {
+    free(p->tip_map); free(p->tip_pos);
+    p->tip_map = p->tip_pos = NULL;
     free(p->dom); free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq);
     free(p->cand); free(p->cand_n);
     p->dom = NULL, p->idx = NULL, p->score = NULL, p->keys = NULL, p->tip = p->tipq = NULL;
@@ -113,7 +154,7 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     p->keys = malloc(tn * sizeof *p->keys);
     p->tip_ld = n_ctx + 16;
     p->tip = fasa ? malloc((size_t)c->n_head * p->tip_ld * sizeof *p->tip) : NULL;
-    p->tipq = fasa ? malloc((size_t)c->n_head * c->d_head * sizeof *p->tipq) : NULL;
+    p->tipq = fasa ? malloc((size_t)c->n_head * (c->d_head + 8) * sizeof *p->tipq) : NULL;   /* tip_width <= d + 8 */
     p->cand_n = malloc((size_t)n_threads * c->n_head * sizeof *p->cand_n);
     p->n_ctx = n_ctx, p->n_threads = n_threads;
     if (!p->idx || !p->score || !p->keys || !p->cand_n || (fasa && (!p->tip || !p->tipq))) {
@@ -136,7 +177,9 @@ int policy_reserve_picks(policy *p, int threads, int mid)
 uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz)
 {
     switch (p->o.kind) {
-    case POLICY_FASA: case POLICY_RANDOM: return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
+    case POLICY_FASA: case POLICY_RANDOM:
+        if (p->o.tip_bits) return (uint64_t)t * (p->tip_width / 2 + 4);   /* the copy: nibbles and a scale */
+        return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
     case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
     default: return 0;
@@ -166,6 +209,45 @@ static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g
         float acc = 0;
         for (int j = 0; j < n_dom; j++) acc += qd[j] * k[dom[j]];
         S[i] = add ? S[i] + acc : acc;
+    }
+}
+
+void policy_kv_opts(const policy *p, kv_opts *ko)
+{
+    if (!p->o.tip_bits) return;
+    ko->tip_width = p->tip_width;
+    ko->tip_map = p->tip_map;
+    ko->n_split = 0;
+}
+
+void policy_tip_query(const policy *p, int layer, int head, const float *q, float *out)
+{
+    const size_t at = ((size_t)layer * p->m->cfg.n_head + head) * p->n_dom;
+    memset(out, 0, sizeof(float) * p->tip_width);
+    for (int j = 0; j < p->n_dom; j++) out[p->tip_pos[at + j]] = q[p->dom[at + j]];
+}
+
+/* TIP of one head from the 4-bit copy, or, without one in this cache, from keys rounded exactly
+ * as the copy rounds them (kvcache_tip_key): the same scores either way. */
+static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int g, int t, const float *q, float *S)
+{
+    const int tw = p->tip_width;
+    float qt[1032];
+    policy_tip_query(p, l, h, q, qt);
+    if (kv->tip_width == tw) {
+        kvcache_tip_scores(kv, l, g, 0, t, qt, 1, tw, S, t);
+        return;
+    }
+    int8_t qi[1032], v[1032];
+    int32_t qsum;
+    const float qs = kvcache_tip_query(qt, tw, qi, &qsum);
+    const int16_t *map = p->tip_map + ((size_t)l * kv->n_kv_head + g) * tw;
+    float row[1024];
+    for (int i = 0; i < t; i++) {
+        const float ks = kvcache_tip_key(kvcache_key_row(kv, l, g, i, row), map, tw, v);
+        int32_t dot = 0;
+        for (int j = 0; j < tw; j++) dot += v[j] * qi[j];
+        S[i] = (float)dot * (ks * qs);
     }
 }
 
@@ -220,7 +302,10 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
             for (int h = g * group; h < (g + 1) * group; h++)
                 tip_scores(S, q_tok + (size_t)h * d, &s->kv, layer, g, t, dom, p->n_dom, h > g * group);
         } else {
-            tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
+            if (o->tip_bits && o->kind == POLICY_FASA)
+                tip_scores_q4(p, &s->kv, layer, head, g, t, q, S);
+            else
+                tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
         }
         break;
     case POLICY_ORACLE:
