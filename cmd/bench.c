@@ -458,6 +458,7 @@ int cmd_bench(int argc, char **argv)
                 cJSON_AddNumberToObject(o, "context", rows[i].context);
                 if (rows[i].depth >= 0) cJSON_AddNumberToObject(o, "depth", rows[i].depth);
                 cJSON_AddNumberToObject(o, "value", rows[i].value);
+                if (rows[i].tokens > 0) cJSON_AddNumberToObject(o, "tokens_per_query", rows[i].tokens);
             }
             cJSON_AddItemToArray(a, o);
         }
@@ -494,12 +495,13 @@ int cmd_bench(int argc, char **argv)
     } else {
         int w = 14;   /* the widest policy name */
         for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;
-        printf("%-8s %-*s %8s %8s %6s %10s\n", "task", w, "policy", "budget", "context", "depth", "value");
+        printf("%-8s %-*s %8s %8s %6s %10s %8s\n", "task", w, "policy", "budget", "context", "depth", "value", "tokens");
         for (int i = 0; i < n_rows; i++) {
-            char depth[16] = "-";
+            char depth[16] = "-", tokens[16] = "-";
             if (rows[i].depth >= 0) snprintf(depth, sizeof depth, "%.2f", rows[i].depth);
-            printf("%-8s %-*s %8d %8d %6s %10.4f\n", rows[i].task, w, rows[i].policy, rows[i].budget,
-                   rows[i].context, depth, rows[i].value);
+            if (rows[i].tokens > 0) snprintf(tokens, sizeof tokens, "%.1f", rows[i].tokens);
+            printf("%-8s %-*s %8d %8d %6s %10.4f %8s\n", rows[i].task, w, rows[i].policy, rows[i].budget,
+                   rows[i].context, depth, rows[i].value, tokens);
         }
     }
     fprintf(stderr, "fasa: bench %s: %d rows in %.1f s on %d threads\n", task, n_rows, secs, omp_get_max_threads());

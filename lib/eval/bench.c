@@ -18,14 +18,24 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     snprintf(base, sizeof base, "%s", spec);
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", spec);
-    if (!strcmp(spec, "default")) {   /* exactly what `fasa run` selects without flags */
-        if (!prof) return fasa_error(err, FASA_EARG, "policy 'default' needs a profile (-p)");
+    if (!strncmp(spec, "default", 7) && (!spec[7] || spec[7] == '-')) {   /* what `fasa run` selects without flags */
+        if (!prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
+        if (!spec[7]) return 0;
+        /* default-aPP[-minN]: the same with a budget that sets itself */
+        bench_policy v;
+        char alt[48];
+        snprintf(alt, sizeof alt, "fasa%s", spec + 7);
+        int rc = bench_policy_parse(alt, m, prof, &v, err);
+        if (rc < 0) return rc;
+        out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
+    int auto_min = 64;
+    float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
     if (at) {
@@ -50,6 +60,13 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
+        else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
+            char *end;
+            const double v = strtod(dash + 2, &end);
+            if (*end || v <= 0 || v >= 100) return fasa_error(err, FASA_EARG, "policy '%s': -aP takes 0 < P < 100", spec);
+            auto_mass = (float)(v / 100);
+        }
+        else if (!strncmp(dash, "-min", 4) && dash[4] >= '0' && dash[4] <= '9') auto_min = atoi(dash + 4);
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
@@ -68,6 +85,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.group = group;
     out->o.block = block;
     out->o.tip_bits = tip_bits;
+    out->o.auto_mass = auto_mass;
+    out->o.auto_min = auto_min;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     if (sink >= 0) out->o.n_sink = sink;
@@ -295,12 +314,14 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                     for (int j = 0; j < nb && rc == 0; j++) nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
                 }
                 attention_use_policy(s, NULL, 0, NULL);
+                const double tokens = policy_selected(&pol, NULL);
                 policy_free(&pol);
                 if (rc < 0) goto next;
                 if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M), nll / M, -1) < 0) {
                     rc = fasa_error(err, FASA_ENOMEM, "out of memory");
                     goto next;
                 }
+                (*rows)[*n_rows - 1].tokens = tokens;
                 done += bp->o.kind == POLICY_FULL ? cfg->n_budget : 1;
                 if (cfg->progress) cfg->progress(cfg->progress_ctx, done, total);
             }

@@ -46,6 +46,7 @@ typedef struct bench_row {
     int layer;               /* ca per layer: the layer; else -1 */
     double value;            /* ca in [0,1]; ppl; passkey accuracy in [0,1] */
     double extra;            /* ppl: mean NLL; passkey: samples; ca: steps x layers x heads */
+    double tokens;           /* ppl: mean tokens a sparse query attended to (0: dense) */
 } bench_row;
 
 /* Parses a policy spec: full, oracle, stream, snapkv, h2o, quest, random, fasa, and fasa

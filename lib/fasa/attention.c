@@ -214,6 +214,7 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
                                   tip ? p->tip + (size_t)h * p->tip_ld : NULL };
             n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, p->o.budget, idx, &sc);
+            if (n_sel >= 0) policy_count(p, tid, n_sel);
             /* TIP's bytes: the block once per KV group when the group scored together */
             if (n_sel >= 0 && (!tip || h % w->grp == 0))
                 count_bytes(s, attn_select_bytes(p, pos + 1, dh, s->kv.n_split, esz));
@@ -258,7 +259,8 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
     const int dense = !sparse || p->o.kind == POLICY_FULL || p->o.budget >= t1 || policy_layer_dense(&p->o, l);
     if (dense) return !s->obs && !s->stats && grp <= 8 && m->cfg.d_head <= 1024 ? ATTN_DENSE_DECODE : ATTN_PER_QUERY;
     int lo, hi;
-    if (tip_block_ok(m, s) && !s->obs && !s->stats && policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
+    if (tip_block_ok(m, s) && !s->obs && !s->stats && !(p->o.auto_mass > 0) &&
+        policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
         const int mid = p->o.budget - lo - (t1 - hi);
         if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)

@@ -44,6 +44,11 @@ typedef struct policy_opts {
                               * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
                               * calibration text, README); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
+    float auto_mass;         /* fasa, > 0: a budget that sets itself: per (layer, head, step) the fewest
+                              * tokens whose attention mass, estimated from TIP's scores, reaches this
+                              * share, at least auto_min and at most budget (the recent window is then
+                              * auto_min / 2 unless n_recent says) */
+    int auto_min;
     int tip_bits;            /* fasa: 4: TIP reads each head's own chunks from the cache's 4-bit copy
                               * of its group's union (kvcache.h), or rounds keys the same way when
                               * the cache has none; 0: TIP reads the keys as cached */
@@ -75,6 +80,7 @@ typedef struct policy {
     int tip_ld;              /* n_ctx + 16: rows n_ctx floats apart fell on the same cache sets,
                               * and TIP then streamed at a third of its bandwidth in some runs */
     float *tipq;             /* fasa, block 2: (n_head, d_head) each head's query on its own chunks */
+    uint64_t *n_sel;         /* (n_threads, 8) tokens selected, selections made (policy_selected) */
     uint64_t *cand;          /* fasa decode: (threads, n_head, mid) each thread's picks per head */
     size_t cand_cap;
     int *cand_n;             /* (n_threads, n_head) how many */
@@ -125,6 +131,13 @@ void policy_free(policy *p);
 int  policy_reserve(policy *p, int n_ctx, int n_threads, char *err);
 /* Room for `threads` threads' picks of mid tokens per head (FASA's decode step); 0 or < 0. */
 int  policy_reserve_picks(policy *p, int threads, int mid);
+/* Mean tokens a sparse query attended to since policy_reserve or the last call (0: none), and
+ * the count of them into *n when n is given; resets the tally. */
+double policy_selected(policy *p, uint64_t *n);
+static inline void policy_count(policy *p, int tid, int n)
+{
+    p->n_sel[8 * tid] += (uint64_t)n, p->n_sel[8 * tid + 1]++;
+}
 /* The cache layout the policy reads fastest from: with tip_bits, the TIP copy's width and map. */
 void policy_kv_opts(const policy *p, kv_opts *ko);
 /* Head h's query (canonical layout) as TIP reads the copy: its own dims at their copy positions,

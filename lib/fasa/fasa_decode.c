@@ -90,6 +90,7 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
     }
     if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
     attn_chosen(m, s, l, it, rows, k);
+    policy_count(p, tid, k + lo + (t1 - hi));
 }
 
 void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq, int threads)

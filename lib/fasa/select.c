@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "sampler.h"
 #include "topk.h"
 
@@ -134,6 +135,8 @@ void policy_free(policy *p)
 {
     free(p->tip_map); free(p->tip_pos);
     p->tip_map = p->tip_pos = NULL;
+    free(p->n_sel);
+    p->n_sel = NULL;
     free(p->dom); free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq);
     free(p->cand); free(p->cand_n);
     p->dom = NULL, p->idx = NULL, p->score = NULL, p->keys = NULL, p->tip = p->tipq = NULL;
@@ -156,12 +159,25 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     p->tip = fasa ? malloc((size_t)c->n_head * p->tip_ld * sizeof *p->tip) : NULL;
     p->tipq = fasa ? malloc((size_t)c->n_head * (c->d_head + 8) * sizeof *p->tipq) : NULL;   /* tip_width <= d + 8 */
     p->cand_n = malloc((size_t)n_threads * c->n_head * sizeof *p->cand_n);
+    free(p->n_sel);
+    p->n_sel = calloc((size_t)n_threads * 8, sizeof *p->n_sel);
     p->n_ctx = n_ctx, p->n_threads = n_threads;
-    if (!p->idx || !p->score || !p->keys || !p->cand_n || (fasa && (!p->tip || !p->tipq))) {
+    if (!p->idx || !p->score || !p->keys || !p->cand_n || !p->n_sel || (fasa && (!p->tip || !p->tipq))) {
         p->n_ctx = p->n_threads = 0;
         return fasa_error(err, FASA_ENOMEM, "out of memory for selecting among %d tokens", n_ctx);
     }
     return 0;
+}
+
+double policy_selected(policy *p, uint64_t *n)
+{
+    uint64_t sum = 0, calls = 0;
+    for (int t = 0; p->n_sel && t < p->n_threads; t++) {
+        sum += p->n_sel[8 * t], calls += p->n_sel[8 * t + 1];
+        p->n_sel[8 * t] = p->n_sel[8 * t + 1] = 0;
+    }
+    if (n) *n = calls;
+    return calls ? (double)sum / calls : 0;
 }
 
 int policy_reserve_picks(policy *p, int threads, int mid)
@@ -257,9 +273,41 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
 static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
 static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
+/* The budget that sets itself: how many of the candidates [lo, hi) the fewest tokens whose
+ * estimated attention mass reaches P need beside the forced ones. TIP's scores stand for the
+ * logits (scale 1/sqrt(d)); the candidates' masses are summed by score in 256 bins, from the top,
+ * so the count is exact to a bin. e: t floats of scratch. */
+static int auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e)
+{
+    float mx = -INFINITY, cmn = INFINITY, cmx = -INFINITY;
+    for (int i = 0; i < t; i++) mx = S[i] > mx ? S[i] : mx;
+    for (int i = lo; i < hi; i++) cmn = S[i] < cmn ? S[i] : cmn, cmx = S[i] > cmx ? S[i] : cmx;
+    for (int i = 0; i < t; i++) e[i] = (S[i] - mx) * scale;
+    ops_exp(e, e, t);
+    double total = 0, forced = 0;
+    for (int i = 0; i < t; i++) total += e[i];
+    for (int i = 0; i < lo; i++) forced += e[i];
+    for (int i = hi; i < t; i++) forced += e[i];
+    const double need = P * total - forced;
+    if (need <= 0 || hi <= lo || !(cmx > -INFINITY)) return 0;
+    enum { NB = 256 };
+    double mass[NB] = { 0 };
+    int cnt[NB] = { 0 };
+    const float w = cmx > cmn ? (cmx - cmn) / NB : 1;
+    for (int i = lo; i < hi; i++) {
+        int b = (int)fminf((S[i] - cmn) / w, NB - 1);
+        b = b < 0 ? 0 : b;
+        mass[b] += e[i], cnt[b]++;
+    }
+    double cum = 0;
+    int k = 0;
+    for (int b = NB - 1; b >= 0 && cum < need; b--) cum += mass[b], k += cnt[b];
+    return k;
+}
+
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
 {
-    const int recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
     *lo = o->n_sink < t ? o->n_sink : t;
     *hi = t - recent > *lo ? t - recent : *lo;
     return *lo + (t - *hi) < budget;
@@ -361,7 +409,14 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
      * rest is selected from the tokens between them, and the indices stay ascending */
     int lo, hi;
-    const int room = policy_forced(o, t, budget, &lo, &hi), recent = o->n_recent < 0 ? budget / 2 : o->n_recent;
+    if (o->auto_mass > 0 && o->kind == POLICY_FASA) {
+        policy_forced(o, t, budget, &lo, &hi);
+        const int n = lo + (t - hi) + auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass, (float *)sc->sel);
+        budget = n < o->auto_min ? o->auto_min : n < budget ? n : budget;
+        if (budget >= t) return -1;
+    }
+    const int room = policy_forced(o, t, budget, &lo, &hi);
+    const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
     if (o->kind != POLICY_STREAM && room) {
         const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
         for (int i = 0; i < lo; i++) idx[i] = i;
