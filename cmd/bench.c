@@ -58,7 +58,8 @@ static const char usage_text[] =
     "      --kv-type T       KV cache rows, f16 or f32: speed defaults to f16 (what fasa run does),\n"
     "                        ppl and passkey to f32 (the policy's accuracy, not the rounding's);\n"
     "                        ca reads f32 keys\n"
-    "      --bandwidth GBS   speed: memory bandwidth for the roofline fraction (default 22)\n"
+    "      --bandwidth GBS   speed: memory bandwidth for the roofline fraction (default: measured\n"
+    "                        at the start of the run, all threads reading 512 MiB)\n"
     "      --seeds N         passkey samples per length and depth (default 5)\n"
     "      --csv FILE        also write the rows as CSV\n"
     "      --json            print the rows as a JSON list on stdout\n"
@@ -242,6 +243,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         cJSON_AddNumberToObject(o, "bytes_per_token", w->bytes_per_token);
         cJSON_AddNumberToObject(o, "gb_s", w->gb_s);
         cJSON_AddNumberToObject(o, "roofline", w->roofline);
+        cJSON_AddNumberToObject(o, "bandwidth_gb_s", w->bandwidth);
         cJSON_AddNumberToObject(o, "prefill_tok_s", w->prefill_tok_s);
         cJSON_AddNumberToObject(o, "kv_resident_mb", w->kv_resident_mb);
         cJSON_AddNumberToObject(o, "kv_cold_mb", w->kv_cold_mb);
@@ -306,8 +308,10 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     }
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
-            "%d prefilled tokens tiled to depth%s%s)\n", n_rows, fasa_now() - t0, omp_get_max_threads(), cfg.repeats, cfg.steps,
-            kv_type_name(cfg.kv_f16), speed_fill(&cfg), cfg.tip ? "; fasa: --tip " : "", cfg.tip ? fasa_tip_name(cfg.tip) : "");
+            "%d prefilled tokens tiled to depth%s%s; roofline against %.1f GB/s%s)\n", n_rows, fasa_now() - t0,
+            omp_get_max_threads(), cfg.repeats, cfg.steps, kv_type_name(cfg.kv_f16), speed_fill(&cfg),
+            cfg.tip ? "; fasa: --tip " : "", cfg.tip ? fasa_tip_name(cfg.tip) : "", n_rows ? rows[0].bandwidth : 0,
+            cfg.bandwidth > 0 ? ", given" : ", a read sweep measured in this run");
     status = 0;
 out:
     free(rows);
@@ -340,7 +344,7 @@ int cmd_bench(int argc, char **argv)
     long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0, fill = 0;
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
-    double bandwidth = 22;
+    double bandwidth = 0;
     int json = 0, per_layer = 0, tip = FASA_TIP_Q4, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {

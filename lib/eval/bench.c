@@ -30,6 +30,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         int rc = bench_policy_parse(alt, m, prof, &v, err);
         if (rc < 0) return rc;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
+        out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;

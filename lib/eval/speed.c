@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <omp.h>
 
 #include "session.h"
 
@@ -31,9 +32,9 @@ speed_cfg speed_defaults(void)
     c.steps = 16;
     c.repeats = 5;
     c.n_fill = 512;
-    c.bandwidth = 22;
     return c;
 }
+
 
 /* RssAnon and RssFile of this process, in MB. */
 static void rss(double *anon, double *file)
@@ -62,6 +63,37 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double speed_read_bandwidth(size_t bytes, int passes)
+{
+    bytes &= ~(size_t)4095;
+    uint64_t *buf = NULL;
+    if (bytes < 4096 || posix_memalign((void **)&buf, 4096, bytes)) return 0;
+    memset(buf, 1, bytes);   /* every page committed before the clock starts */
+    const size_t n = bytes / sizeof *buf;
+    double best[64];
+    uint64_t sink = 0;
+    if (passes > 64) passes = 64;
+    for (int p = 0; p < passes; p++) {
+        const double t0 = fasa_now();
+#pragma omp parallel reduction(+ : sink)
+        {
+            /* each thread its own contiguous slice, four independent sums so loads overlap */
+            const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const size_t a = n * tid / nt / 8 * 8, b = n * (tid + 1) / nt / 8 * 8;
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (size_t i = a; i < b; i += 8) {
+                s0 += buf[i] + buf[i + 4], s1 += buf[i + 1] + buf[i + 5];
+                s2 += buf[i + 2] + buf[i + 6], s3 += buf[i + 3] + buf[i + 7];
+            }
+            sink += s0 + s1 + s2 + s3;
+        }
+        best[p] = bytes / (fasa_now() - t0) / 1e9;
+    }
+    free(buf);
+    __asm__ volatile("" : : "r"(sink));
+    return median(best, passes);
+}
+
 /* Copies the first `have` rows of every (layer, KV head) cyclically out to `want` rows. */
 static void tile_cache(kvcache *kv, int have, int want)
 {
@@ -86,6 +118,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
 {
     const model_config *c = &m->cfg;
     const int deepest = deepest_depth(cfg), fill = speed_fill(cfg);
+    /* the roofline against this machine's bandwidth now, not a constant: 512 MiB read 5 times */
+    const double bw = cfg->bandwidth > 0 ? cfg->bandwidth : speed_read_bandwidth((size_t)512 << 20, 5);
     int rc = 0, done = 0;
     if (n_ids < fill + cfg->steps + 1)
         return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids, fill, cfg->steps);
@@ -180,7 +214,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             w->attn_ms = median(attn + pi * R, R);
             w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;
             w->gb_s = w->bytes_per_token * w->decode_tok_s / 1e9;
-            w->roofline = w->gb_s / cfg->bandwidth;
+            w->roofline = w->gb_s / bw;
+            w->bandwidth = bw;
             w->prefill_tok_s = u[pi].prefill_tps;
             const int t = depth + cfg->steps;
             w->kv_resident_mb = kvcache_resident_bytes(&s->kv, t) / 1e6;

@@ -28,7 +28,8 @@ typedef struct speed_cfg {
     const char *cold_dir;         /* fasa-m's cold tier */
     int kv_f16;                   /* KV rows as f16 (else f32) */
     int tip;                      /* fasa: what TIP reads (enum fasa_tip, session.h; 0: the default) */
-    double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction */
+    double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction (0: measured
+                                   * in the run, speed_read_bandwidth) */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
 } speed_cfg;
@@ -41,7 +42,8 @@ typedef struct speed_row {
     double decode_tok_s;          /* median over repeats */
     double attn_ms;               /* attention per token (median) */
     double bytes_per_token;       /* weights + KV bytes attention read (code's count) */
-    double gb_s, roofline;        /* bytes_per_token x tok/s; its fraction of cfg.bandwidth */
+    double gb_s, roofline;        /* bytes_per_token x tok/s; its fraction of the bandwidth */
+    double bandwidth;             /* GB/s the roofline is against (given, or measured in this run) */
     double prefill_tok_s;         /* the real prefill of n_fill tokens */
     double kv_resident_mb, kv_cold_mb, kv_total_mb;   /* at this depth, by tier */
     double rss_anon_mb, rss_file_mb;  /* what setting up this policy's state (prefill, cache tiled
@@ -50,6 +52,9 @@ typedef struct speed_row {
 } speed_row;
 
 speed_cfg speed_defaults(void);
+/* Memory read bandwidth in GB/s: all OpenMP threads sum their slices of a bytes-long buffer (much
+ * larger than the caches), the median of passes. */
+double speed_read_bandwidth(size_t bytes, int passes);
 const char *speed_policy_name(enum speed_policy p);
 int speed_policy_parse(const char *name, enum speed_policy *out);
 
