@@ -25,7 +25,11 @@ static const char usage_text[] =
     "                        for the chosen tokens). The default is fasa-c when MODEL has a\n"
     "                        profile (fasa calibrate), else full\n"
     "  -p, --profile FILE    calibration profile (default: MODEL's .profile.json when present)\n"
-    "      --budget N        fasa: tokens attended per query (default 256)\n"
+    "      --budget N|auto   fasa: tokens attended per query (default 256). auto: per layer, head\n"
+    "                        and step, the fewest tokens whose attention mass, estimated from\n"
+    "                        TIP's scores, reaches --target-mass (default 0.95), between 160 and\n"
+    "                        1024 tokens, with a recent window of 128\n"
+    "      --target-mass P   fasa: the share of attention mass --budget auto keeps (0 < P < 1)\n"
     "      --fcs F           fasa: dominant frequency chunks per head (default: the profile's)\n"
     "      --dense-layers N  fasa: first N layers attend densely (default 1)\n"
     "      --dense LIST      fasa: these layers attend densely too, e.g. 20,14 (the layers\n"
@@ -71,7 +75,7 @@ static const char usage_text[] =
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST,
-       OPT_SINKS, OPT_RECENT, OPT_TIP };
+       OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -90,6 +94,7 @@ static const struct option long_opts[] = {
     { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
+    { "target-mass", required_argument, 0, OPT_MASS },
     { 0, 0, 0, 0 },
 };
 
@@ -180,7 +185,7 @@ int cmd_run(int argc, char **argv)
     session_opts so = session_defaults();
     long n_predict = 256, top_k = 0, seed = 42, ctx = 0, threads = 0, v;
     double temp = 0, top_p = 1;
-    int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, c;
+    int chat = -1, ignore_eos = 0, print_ids = 0, json = 0, budget_auto = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:p:h", long_opts, NULL)) != -1) {
         switch (c) {
@@ -193,7 +198,20 @@ int cmd_run(int argc, char **argv)
             break;
         }
         case 'p': so.profile = optarg; break;
-        case OPT_BUDGET: if (parse_int("--budget", optarg, 1, 1 << 24, &v)) return EXIT_USAGE; so.budget = (int)v; break;
+        case OPT_BUDGET:
+            if (!strcmp(optarg, "auto")) {
+                budget_auto = 1;
+                break;
+            }
+            if (parse_int("--budget", optarg, 1, 1 << 24, &v)) return EXIT_USAGE;
+            so.budget = (int)v, budget_auto = 0;
+            break;
+        case OPT_MASS: {
+            double mass;
+            if (parse_float("--target-mass", optarg, 0.01, 0.9999, &mass)) return EXIT_USAGE;
+            so.target_mass = (float)mass;
+            break;
+        }
         case OPT_FCS: if (parse_int("--fcs", optarg, 1, 512, &v)) return EXIT_USAGE; so.fcs = (int)v; break;
         case OPT_DENSE:
             if (parse_int("--dense-layers", optarg, 0, 1024, &v)) return EXIT_USAGE;
@@ -238,6 +256,12 @@ int cmd_run(int argc, char **argv)
         case 'h': fputs(usage_text, stdout); return 0;
         default: fputs(usage_text, stderr); return EXIT_USAGE;
         }
+    }
+    if (budget_auto || so.target_mass > 0) {   /* a budget that sets itself, at most SESSION_AUTO_MAX */
+        if (!budget_auto && so.budget != session_defaults().budget)
+            return die_usage("--target-mass goes with --budget auto, not a fixed budget");
+        if (so.target_mass <= 0) so.target_mass = SESSION_AUTO_MASS;
+        so.budget = SESSION_AUTO_MAX;
     }
     int rest = argc - optind;
     if (!model_path && rest >= 1 && (rest == 2 || looks_like_model(argv[optind]))) model_path = argv[optind++], rest--;

@@ -166,6 +166,11 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     if (o->n_sink >= 0) po->n_sink = o->n_sink;
     if (o->n_recent >= 0) po->n_recent = o->n_recent;
     po->tip_bits = o->tip == FASA_TIP_Q4 && !o->group ? 4 : 0;
+    if (o->target_mass > 0) {
+        po->auto_mass = o->target_mass;
+        po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
+        if (o->n_recent < 0) po->n_recent = SESSION_AUTO_RECENT;
+    }
 }
 
 int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
@@ -221,9 +226,15 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         snprintf(tip, sizeof tip, "%s", po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"
                  : kvo->n_split ? "TIP: the group's top chunks, an f16 block" : "TIP gathers each head's dims");
     const int recent = po->n_recent < 0 ? po->budget / 2 : po->n_recent;
+    char budget[96];
+    if (po->auto_mass > 0)
+        snprintf(budget, sizeof budget, "auto: %.0f%% of the estimated mass, %d to %d tokens", 100 * po->auto_mass,
+                 po->auto_min, po->budget);
+    else
+        snprintf(budget, sizeof budget, "%d", po->budget);
     snprintf(ss->note, sizeof ss->note,
-             "%s (profile '%s', budget %d with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s; %s)",
-             fasa_mode_name(ss->mode), ss->profile_path, po->budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
+             "%s (profile '%s', budget %s with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s; %s)",
+             fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
              po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense,
              o->group ? ", per-KV-head selection" : "", tip);
     return 0;

@@ -36,6 +36,12 @@ enum fasa_mode {
     FASA_MODE_FASA_M,   /* FASA with only the dominant key block in memory, the rest in a cold tier */
 };
 enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
+/* --budget auto: chosen on the calibration text (README, Accuracy) */
+#define SESSION_AUTO_MASS 0.95f
+#define SESSION_AUTO_MIN 160
+#define SESSION_AUTO_MAX 1024
+#define SESSION_AUTO_RECENT 128
+
 /* What the token importance predictor reads. */
 enum fasa_tip {
     FASA_TIP_Q4,        /* each head's own top F chunks, from a 4-bit copy of its KV group's union of them
@@ -51,7 +57,11 @@ typedef struct session_opts {
     enum fasa_mode mode;
     const char *profile;       /* a profile file; NULL: the model's own, when it has one */
     /* the attention policy (fasa modes) */
-    int budget;                /* N: tokens attended per query (256) */
+    int budget;                /* N: tokens attended per query (256); with target_mass, the most */
+    float target_mass;         /* > 0: the budget sets itself (policy auto_mass): per layer, head and step
+                                * the fewest tokens whose estimated attention mass reaches this share,
+                                * between auto_min and budget; the recent window is then 128 tokens */
+    int auto_min;
     int fcs;                   /* F: dominant chunks per head (0: the profile's) */
     int n_dense_layers;        /* layers 0..n-1 attend densely (1) */
     uint64_t dense_mask;       /* and these, layer l < 64 as bit l */
