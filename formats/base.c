@@ -143,6 +143,7 @@ int fasa_write_file(const char *path, const void *buf, size_t len, char *err)
 
 static const char *const arch_names[FASA_ARCH_COUNT] = {
     [FASA_ARCH_LLAMA] = "llama", [FASA_ARCH_MISTRAL] = "mistral", [FASA_ARCH_QWEN2] = "qwen2",
+    [FASA_ARCH_QWEN3] = "qwen3", [FASA_ARCH_GEMMA3] = "gemma3",
 };
 
 const char *fasa_arch_name(enum fasa_arch a)
@@ -154,5 +155,5 @@ int fasa_arch_parse(const char *name)
 {
     for (int a = 0; a < FASA_ARCH_COUNT; a++)
         if (!strcmp(name, arch_names[a])) return a;
-    return -1;
+    return !strcmp(name, "gemma3_text") ? FASA_ARCH_GEMMA3 : -1;
 }

@@ -67,9 +67,10 @@ int  fasa_write_file(const char *path, const void *buf, size_t len, char *err);
 
 /* Architectures fasa reads, by their names in GGUF's general.architecture and in config.json's
  * model_type (the same strings). */
-enum fasa_arch { FASA_ARCH_LLAMA, FASA_ARCH_MISTRAL, FASA_ARCH_QWEN2, FASA_ARCH_COUNT };
+enum fasa_arch { FASA_ARCH_LLAMA, FASA_ARCH_MISTRAL, FASA_ARCH_QWEN2, FASA_ARCH_QWEN3, FASA_ARCH_GEMMA3,
+                 FASA_ARCH_COUNT };
 const char *fasa_arch_name(enum fasa_arch a);
-/* The architecture called name, or -1. */
+/* The architecture called name ("gemma3_text", Hugging Face's text-only Gemma 3, is gemma3), or -1. */
 int fasa_arch_parse(const char *name);
 
 #endif

@@ -59,10 +59,10 @@ static double rel_diff_ff(const float *a, const float *b, size_t n)
     return md / mr;
 }
 
-static void check_arch(enum tiny_arch arch, int tied)
+static void check_spec(const tiny_spec *spec)
 {
     tiny_model t;
-    tiny_make(&t, &(tiny_spec){ .arch = arch, .tied = tied, .seed = 3 + arch });
+    tiny_make(&t, spec);
     char *dir = tmpdir_make();
     char gpath[600];
     snprintf(gpath, sizeof gpath, "%s/tiny.gguf", dir);
@@ -80,12 +80,33 @@ static void check_arch(enum tiny_arch arch, int tied)
     cr_expect_lt(d_hf, 1e-5, "safetensors vs reference: %g", d_hf);
     cr_expect_lt(d_gg, 1e-5, "gguf vs reference: %g", d_gg);
     cr_expect_lt(d_both, 1e-5, "gguf vs safetensors: %g", d_both);
-    free(ref); free(hf); free(gg);
+    /* one token at a time too: the decode paths (a sliding window's included) */
+    float *one = run_all(gpath, ids, N_TOK, 1, &V);
+    double d_one = rel_diff(one, ref, (size_t)N_TOK * V);
+    cr_expect_lt(d_one, 1e-4, "gguf one token at a time vs reference: %g", d_one);
+    free(ref); free(hf); free(gg); free(one);
     tiny_free(&t);
     tmpdir_remove(dir);
 }
 
+static void check_arch(enum tiny_arch arch, int tied)
+{
+    check_spec(&(tiny_spec){ .arch = arch, .tied = tied, .seed = 3 + arch });
+}
+
 Test(model, llama_hf_and_gguf_match_reference) { check_arch(TINY_LLAMA, 0); }
+Test(model, qwen3_qk_norm_hf_and_gguf_match_reference) { check_arch(TINY_QWEN3, 1); }
+/* Gemma 3: six layers, five local over a window of 8 tokens with RoPE base 10000, one global;
+ * 40 tokens, so the window cuts in and the two bases differ */
+Test(model, gemma3_hf_and_gguf_match_reference)
+{
+    check_spec(&(tiny_spec){ .arch = TINY_GEMMA3, .tied = 1, .seed = 21, .rope_theta = 1e6f });
+}
+/* A mistral-style window on every layer */
+Test(model, mistral_sliding_window_matches_reference)
+{
+    check_spec(&(tiny_spec){ .arch = TINY_LLAMA, .seed = 22, .sliding_window = 6 });
+}
 Test(model, llama_tied_embeddings) { check_arch(TINY_LLAMA, 1); }
 Test(model, qwen2_bias_hf_and_gguf_match_reference) { check_arch(TINY_QWEN2, 0); }
 

@@ -94,12 +94,23 @@ static void rope_gather(float *out, const float *in, const int16_t *src, const f
     }
 }
 
+/* Per-head RMSNorm of the batch's q (in s->att_out) and k (qwen3, gemma3), before RoPE. */
+static void qk_norm(const model *m, run_state *s, const layer_weights *L, int n)
+{
+    const model_config *c = &m->cfg;
+    const int dh = c->d_head;
+    for (int i = 0; i < n * c->n_head; i++) ops_rmsnorm(s->att_out + (size_t)i * dh, s->att_out + (size_t)i * dh, L->q_norm, dh, c->norm_eps);
+    for (int i = 0; i < n * c->n_kv_head; i++) ops_rmsnorm(s->k + (size_t)i * dh, s->k + (size_t)i * dh, L->k_norm, dh, c->norm_eps);
+}
+
 /* Layer l's projections of the batch (q in s->att_out, file layout; k, v in s->k, s->v) rotated
- * into canonical layout: q into s->q, k and v into the cache at positions n_past... */
+ * into canonical layout: q into s->q, k and v into the cache at positions n_past... A query
+ * scale other than attention's 1/sqrt(d_head) (gemma3's) is folded into q. */
 static void rope_and_cache(const model *m, run_state *s, int l, int n)
 {
     const model_config *c = &m->cfg;
     const int dh = c->d_head, G = c->n_kv_head, grp = c->n_head / G, qd = c->n_head * dh, kvd = G * dh;
+    const float qs = c->attn_scale > 0 ? c->attn_scale * sqrtf((float)dh) : 1;
     for (int i = 0; i < n; i++) {
         const int pos = s->n_past + i;
         for (int g = 0; g < G; g++) {
@@ -111,10 +122,23 @@ static void rope_and_cache(const model *m, run_state *s, int l, int n)
             rope_gather(s->krow, s->k + (size_t)i * kvd + g * dh, src, cs, sn, dh);
             kvcache_put_key(&s->kv, l, g, pos, s->krow);
             kvcache_put_value(&s->kv, l, g, pos, s->v + (size_t)i * kvd + g * dh);
-            for (int h = g * grp; h < (g + 1) * grp; h++)
-                rope_gather(s->q + (size_t)i * qd + h * dh, s->att_out + (size_t)i * qd + h * dh, src, cs, sn, dh);
+            for (int h = g * grp; h < (g + 1) * grp; h++) {
+                float *q = s->q + (size_t)i * qd + h * dh;
+                rope_gather(q, s->att_out + (size_t)i * qd + h * dh, src, cs, sn, dh);
+                if (qs != 1)
+                    for (int j = 0; j < dh; j++) q[j] *= qs;
+            }
         }
     }
+}
+
+/* x[i] += norm(y[i]) (gemma's norms after attention and the feed-forward), or x += y */
+static void residual(const model *m, run_state *s, const float *norm, int n)
+{
+    const int D = m->cfg.d_model;
+    if (norm)
+        for (int i = 0; i < n; i++) ops_rmsnorm(s->xb + (size_t)i * D, s->xb + (size_t)i * D, norm, D, m->cfg.norm_eps);
+    for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];
 }
 
 int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, int all_logits, char *err)
@@ -130,6 +154,10 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
             return fasa_error(err, FASA_EARG, "token id %d is outside the vocabulary (%d)", tokens[i], c->n_vocab);
 
     for (int i = 0; i < n; i++) weight_row(&m->tok_embd, tokens[i], s->x + (size_t)i * D);
+    if (c->gemma) {   /* gemma scales its embeddings by sqrt(d_model) */
+        const float e = sqrtf((float)D);
+        for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] *= e;
+    }
 
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
@@ -142,6 +170,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         add_bias(s->att_out, L->bq, n, c->n_head * c->d_head);
         add_bias(s->k, L->bk, n, c->n_kv_head * c->d_head);
         add_bias(s->v, L->bv, n, c->n_kv_head * c->d_head);
+        if (c->qk_norm) qk_norm(m, s, L, n);
         const double t_attn = fasa_now();
         rope_and_cache(m, s, l, n);
         if (s->stats) attn_stats_append(s->stats, s, l, s->n_past + n);
@@ -150,17 +179,18 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
         s->t_attn += fasa_now() - t_attn;
         if (rc < 0) return rc;
         ops_matmul(s->xb, &L->wo, s->att_out, n);
-        for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];
+        residual(m, s, L->post_attn_norm, n);
 
-        /* feed-forward: SwiGLU, gate and up in one parallel region */
+        /* feed-forward: SwiGLU (GELU-gated for gemma), gate and up in one parallel region */
         for (int i = 0; i < n; i++)
             ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->ffn_norm.data, D, c->norm_eps);
         float *const gu_out[2] = { s->ffa, s->ffb };
         const weight *const gu_w[2] = { &L->w_gate, &L->w_up };
         ops_matmul_multi(gu_out, gu_w, 2, s->xb, n);
-        ops_swiglu(s->ffa, s->ffb, n * c->d_ff);
+        if (c->gemma) ops_geglu(s->ffa, s->ffb, n * c->d_ff);
+        else ops_swiglu(s->ffa, s->ffb, n * c->d_ff);
         ops_matmul(s->xb, &L->w_down, s->ffa, n);
-        for (size_t j = 0; j < (size_t)n * D; j++) s->x[j] += s->xb[j];
+        residual(m, s, L->post_ffn_norm, n);
     }
 
     const int first = all_logits ? 0 : n - 1, rows = n - first;

@@ -88,13 +88,14 @@ static int check_weight(const weight *w, const char *name, int64_t rows, int64_t
 
 /* Names of each role in the two naming schemes. */
 enum role { R_EMBD, R_OUT_NORM, R_OUTPUT, R_ATTN_NORM, R_Q, R_K, R_V, R_O, R_FFN_NORM, R_GATE,
-            R_UP, R_DOWN, R_BQ, R_BK, R_BV, R_COUNT };
+            R_UP, R_DOWN, R_BQ, R_BK, R_BV, R_Q_NORM, R_K_NORM, R_POST_ATTN_NORM, R_POST_FFN_NORM, R_COUNT };
 static const char *const gguf_names[R_COUNT] = {
     "token_embd.weight", "output_norm.weight", "output.weight", "blk.%d.attn_norm.weight",
     "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight",
     "blk.%d.attn_output.weight", "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight",
     "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight", "blk.%d.attn_q.bias",
-    "blk.%d.attn_k.bias", "blk.%d.attn_v.bias",
+    "blk.%d.attn_k.bias", "blk.%d.attn_v.bias", "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
+    "blk.%d.post_attention_norm.weight", "blk.%d.post_ffw_norm.weight",
 };
 static const char *const hf_names[R_COUNT] = {
     "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
@@ -104,7 +105,18 @@ static const char *const hf_names[R_COUNT] = {
     "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight",
     "model.layers.%d.mlp.down_proj.weight", "model.layers.%d.self_attn.q_proj.bias",
     "model.layers.%d.self_attn.k_proj.bias", "model.layers.%d.self_attn.v_proj.bias",
+    "model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.k_norm.weight",
+    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.post_feedforward_layernorm.weight",
 };
+
+/* Gemma's Hugging Face names differ for the norms around the feed-forward: its input norm is
+ * "pre_feedforward_layernorm" ("post_attention_layernorm" is the norm of attention's output). */
+static const char *role_name(const model *m, enum role r)
+{
+    if (m->source == MODEL_SOURCE_GGUF) return gguf_names[r];
+    if (m->cfg.gemma && r == R_FFN_NORM) return "model.layers.%d.pre_feedforward_layernorm.weight";
+    return hf_names[r];
+}
 
 static int st_to_type(st_dtype t)
 {
@@ -120,7 +132,7 @@ static int st_to_type(st_dtype t)
 static int find_weight(const model *m, enum role r, int layer, weight *w, char *name, char *err)
 {
     memset(w, 0, sizeof *w);
-    snprintf(name, 128, m->source == MODEL_SOURCE_GGUF ? gguf_names[r] : hf_names[r], layer);
+    snprintf(name, 128, role_name(m, r), layer);
     if (m->source == MODEL_SOURCE_GGUF) {
         const gguf_tensor *t = gguf_find_tensor(m->file, name);
         if (!t) return 0;
@@ -157,6 +169,9 @@ static int load_vector(model *m, enum role r, int layer, int64_t n, float **out,
     if ((rc = check_weight(&w, name, 1, n, m->path, err)) < 0) return rc;
     if (!(*out = malloc(n * sizeof(float)))) return fasa_error(err, FASA_ENOMEM, "out of memory");
     weight_row(&w, 0, *out);
+    /* Gemma's RMSNorm scales by 1 + w; llama.cpp's converter stores 1 + w in GGUF files */
+    if (m->cfg.gemma && m->source != MODEL_SOURCE_GGUF && r != R_BQ && r != R_BK && r != R_BV)
+        for (int64_t i = 0; i < n; i++) (*out)[i] += 1;
     return 0;
 }
 
@@ -189,11 +204,13 @@ static int config_from_gguf(model *m, char *err)
     arch[s.len] = 0;
     /* mistral GGUFs say "llama"; llama.cpp permutes llama's q/k rows into the interleaved layout */
     const int a = fasa_arch_parse(arch);
-    if (a != FASA_ARCH_LLAMA && a != FASA_ARCH_QWEN2)
+    if (a < 0 || a == FASA_ARCH_MISTRAL)
         return fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported architecture '%s'", m->path, arch);
     c->arch = a;
     c->layout = a == FASA_ARCH_LLAMA ? ROPE_LAYOUT_INTERLEAVED : ROPE_LAYOUT_HF;
     c->qkv_bias = a == FASA_ARCH_QWEN2;
+    c->qk_norm = a == FASA_ARCH_QWEN3 || a == FASA_ARCH_GEMMA3;
+    c->gemma = a == FASA_ARCH_GEMMA3;
     if (gguf_get_str(g, "general.name", &s) == 0)
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.len < 127 ? s.len : 127), s.ptr);
     int rc;
@@ -226,6 +243,21 @@ static int config_from_gguf(model *m, char *err)
         c->rope_scaling = ROPE_SCALING_LINEAR;
         snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
         gguf_get_f32(g, key, &c->rope_factor);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(g, key, &s) == 0 && !(s.len == 6 && !memcmp(s.ptr, "linear", 6)) &&
+        !(s.len == 4 && !memcmp(s.ptr, "none", 4)))
+        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported rope scaling '%.*s'", m->path, (int)s.len, s.ptr);
+    if ((rc = gguf_u32_key(g, arch, "attention.sliding_window", &c->sliding_window, 0, m->path, err)) < 0) return rc;
+    if (c->gemma) {
+        /* Gemma 3 (as llama.cpp reads it): every sixth layer global with the file's RoPE base,
+         * the others local over the sliding window with base 10000; queries scaled by
+         * 1/sqrt(head dim), or 1/sqrt(d_model / n_head) for the 62-layer 27B */
+        if (!c->sliding_window)
+            return fasa_error(err, FASA_EFORMAT, "'%s': a gemma3 file needs 'gemma3.attention.sliding_window'", m->path);
+        c->swa_period = 6;
+        c->rope_theta_local = 10000.0f;
+        c->attn_scale = 1.0f / sqrtf((float)(c->n_layer == 62 ? c->d_model / c->n_head : c->d_head));
     }
     const gguf_tensor *tv = gguf_find_tensor(g, "token_embd.weight");
     if (!tv || tv->n_dims != 2)
@@ -269,6 +301,8 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
     if (arch < 0) { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
     c->arch = arch;
     c->qkv_bias = arch == FASA_ARCH_QWEN2;
+    c->qk_norm = arch == FASA_ARCH_QWEN3 || arch == FASA_ARCH_GEMMA3;
+    c->gemma = arch == FASA_ARCH_GEMMA3;
     c->layout = ROPE_LAYOUT_HF;
     c->n_layer = json_int(j, "num_hidden_layers", 0, &bad);
     c->d_model = json_int(j, "hidden_size", 0, &bad);
@@ -302,6 +336,37 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
         } else if (strcmp(rt, "default")) {
             rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported rope scaling '%s'", path, rt);
         }
+    }
+    /* a sliding window: mistral (every layer, when the config gives one), gemma3 (local layers in
+     * its pattern, with their own RoPE base) */
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (cJSON_IsNumber(sw) && sw->valuedouble > 0 && sw->valuedouble < c->n_ctx_train)
+        c->sliding_window = json_int(j, "sliding_window", 0, &bad);
+    if (rc == 0 && c->gemma) {
+        const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+        c->swa_period = json_int(j, "sliding_window_pattern", 6, &bad);
+        if (cJSON_IsArray(lt)) {   /* newer configs list each layer; the pattern must be periodic */
+            int period = 0, i = 0;
+            const cJSON *v;
+            cJSON_ArrayForEach(v, lt) {
+                if (cJSON_IsString(v) && !strcmp(v->valuestring, "full_attention") && !period) period = i + 1;
+                i++;
+            }
+            if (period) c->swa_period = period;
+            i = 0;
+            cJSON_ArrayForEach(v, lt) {
+                const int global = cJSON_IsString(v) && !strcmp(v->valuestring, "full_attention");
+                if (global != (i % c->swa_period == c->swa_period - 1))
+                    rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': layer_types is not one global layer in every %d",
+                                    path, c->swa_period);
+                i++;
+            }
+        }
+        if (rc == 0 && c->sliding_window <= 0)
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': a gemma3 config needs \"sliding_window\"", path);
+        c->rope_theta_local = (float)json_num(j, "rope_local_base_freq", 10000.0);
+        c->attn_scale = 1.0f / sqrtf((float)json_num(j, "query_pre_attn_scalar", c->d_head));
+        c->norm_eps = (float)json_num(j, "rms_norm_eps", 1e-6);
     }
     if (rc == 0 && bad) rc = fasa_error(err, FASA_EFORMAT, "'%s': \"%s\" is out of range", path, bad);
 out:
@@ -488,6 +553,14 @@ static int load_weights(model *m, char *err)
             (rc = load_vector(m, R_BK, l, kvd, &L->bk, c->qkv_bias, err)) < 0 ||
             (rc = load_vector(m, R_BV, l, kvd, &L->bv, c->qkv_bias, err)) < 0)
             return rc;
+        /* only where the architecture has them: llama's Hugging Face files have a tensor called
+         * post_attention_layernorm too, the feed-forward's input norm */
+        if (c->qk_norm && ((rc = load_vector(m, R_Q_NORM, l, c->d_head, &L->q_norm, 1, err)) < 0 ||
+                           (rc = load_vector(m, R_K_NORM, l, c->d_head, &L->k_norm, 1, err)) < 0))
+            return rc;
+        if (c->gemma && ((rc = load_vector(m, R_POST_ATTN_NORM, l, d, &L->post_attn_norm, 1, err)) < 0 ||
+                         (rc = load_vector(m, R_POST_FFN_NORM, l, d, &L->post_ffn_norm, 1, err)) < 0))
+            return rc;
     }
 #undef GET
     m->n_params += (int64_t)d * (1 + 2 * c->n_layer);
@@ -551,16 +624,37 @@ static int rope_tables(model *m, char *err)
     const int half = c->d_head / 2, n = c->n_layer * c->n_kv_head;
     m->rope_src = malloc(sizeof(int16_t) * n * c->d_head);
     m->rope_freq = malloc(sizeof(float) * n * half);
-    float *theta = malloc(sizeof(float) * half);
+    float *theta = malloc(sizeof(float) * 2 * half), *local = theta + half;
     if (!m->rope_src || !m->rope_freq || !theta) { free(theta); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
     model_rope_freqs(c, theta);
+    /* local (sliding-window) layers of gemma3 rotate with their own base and no scaling */
+    model_config cl = *c;
+    cl.rope_theta = c->rope_theta_local > 0 ? c->rope_theta_local : c->rope_theta;
+    if (c->rope_theta_local > 0) cl.rope_scaling = ROPE_SCALING_NONE;
+    model_rope_freqs(&cl, local);
+    /* llama.cpp writes Llama 3.1+'s RoPE scaling as per-frequency divisors, a tensor */
+    const gguf_tensor *rf = m->source == MODEL_SOURCE_GGUF ? gguf_find_tensor(m->file, "rope_freqs.weight") : NULL;
+    if (rf) {
+        if (rf->type != GGUF_TYPE_F32 || rf->ne[0] != half || rf->n_dims != 1) {
+            free(theta);
+            return fasa_error(err, FASA_EFORMAT, "'%s': 'rope_freqs.weight' must hold %d f32 values", m->path, half);
+        }
+        const float *div = rf->data;
+        for (int j = 0; j < half; j++) {
+            if (!(div[j] > 0)) {
+                free(theta);
+                return fasa_error(err, FASA_EFORMAT, "'%s': 'rope_freqs.weight' holds a non-positive factor", m->path);
+            }
+            theta[j] /= div[j];
+        }
+    }
     for (int i = 0; i < n; i++)
         for (int j = 0; j < half; j++) {
             int16_t *src = m->rope_src + (size_t)i * c->d_head + 2 * j;
             if (c->layout == ROPE_LAYOUT_HF) src[0] = j, src[1] = j + half;
             else src[0] = 2 * j, src[1] = 2 * j + 1;
             int f = c->layout == ROPE_LAYOUT_PERMUTED ? m->chunk_order[(size_t)i * half + j] : j;
-            m->rope_freq[(size_t)i * half + j] = theta[f];
+            m->rope_freq[(size_t)i * half + j] = (model_layer_local(c, i / c->n_kv_head) ? local : theta)[f];
         }
     free(theta);
     return 0;
@@ -643,6 +737,7 @@ void model_close(model *m)
             free((void *)L->attn_norm.data);
             free((void *)L->ffn_norm.data);
             free(L->bq); free(L->bk); free(L->bv);
+            free(L->q_norm); free(L->k_norm); free(L->post_attn_norm); free(L->post_ffn_norm);
         }
         free(m->layers);
     }

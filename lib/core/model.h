@@ -43,7 +43,21 @@ typedef struct model_config {
     int rope_orig_ctx;
     int tied_embeddings, qkv_bias;
     enum rope_layout layout;     /* of the file's q/k projection rows */
+    int qk_norm;                 /* q and k RMS-normed per head before RoPE (qwen3, gemma3) */
+    int gemma;                   /* gemma3: embeddings times sqrt(d_model), norms after attention and the
+                                  * feed-forward too, a GELU (tanh) gate instead of SiLU */
+    float attn_scale;            /* the queries' scale; 0: 1/sqrt(d_head) */
+    int sliding_window;          /* > 0: local layers attend to their last this many tokens */
+    int swa_period;              /* > 0: only every swa_period-th layer is global (gemma3: 6); 0: with a
+                                  * window, every layer is local (mistral v0.1) */
+    float rope_theta_local;      /* local layers' RoPE base (gemma3), without scaling; 0: rope_theta */
 } model_config;
+
+/* Layer l attends to a sliding window (sliding_window > 0), not the whole context. */
+static inline int model_layer_local(const model_config *c, int l)
+{
+    return c->sliding_window > 0 && (c->swa_period <= 0 || l % c->swa_period < c->swa_period - 1);
+}
 
 typedef struct layer_weights {
     weight attn_norm;            /* (d_model) f32 */
@@ -51,6 +65,8 @@ typedef struct layer_weights {
     float *bq, *bk, *bv;         /* (n_head*d_head), (n_kv*d_head) x2: owned f32 copies, or NULL */
     weight ffn_norm;             /* (d_model) */
     weight w_gate, w_up, w_down; /* (d_ff, d_model) x2, (d_model, d_ff) */
+    float *q_norm, *k_norm;      /* qk_norm: (d_head) each, or NULL */
+    float *post_attn_norm, *post_ffn_norm;   /* gemma: (d_model) each, or NULL */
 } layer_weights;
 
 typedef struct model model;

@@ -636,6 +636,34 @@ void ops_swiglu(float *a, const float *b, int n)
 #endif
 }
 
+/* gelu(x) = x / 2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); written as x / (1 + exp(-2u)),
+ * which equals it and needs only exp. */
+void ops_geglu_ref(float *a, const float *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float x = a[i], u = 0.7978845608f * (x + 0.044715f * x * x * x);
+        a[i] = 0.5f * x * (1 + tanhf(u)) * b[i];
+    }
+}
+
+void ops_geglu(float *a, const float *b, int n)
+{
+    int i = 0;
+#ifdef OPS_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), k0 = _mm256_set1_ps(-2 * 0.7978845608f), k1 = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(a + i);
+        const __m256 u2 = _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, x), _mm256_mul_ps(x, x), x));
+        const __m256 g = _mm256_div_ps(x, _mm256_add_ps(one, exp256(u2)));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(g, _mm256_loadu_ps(b + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        const float x = a[i], u = 0.7978845608f * (x + 0.044715f * x * x * x);
+        a[i] = x / (1 + exp_clamped(-2 * u)) * b[i];
+    }
+}
+
 /* ---- TIP over 4-bit keys (ops.h: ops_tip_q4) ------------------------------------------------- */
 
 void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,

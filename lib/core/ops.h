@@ -109,6 +109,10 @@ void ops_softmax_ref(float *x, int n);
 /* a[i] = silu(a[i]) * b[i] (the same vectorised exp) */
 void ops_swiglu(float *a, const float *b, int n);
 void ops_swiglu_ref(float *a, const float *b, int n);
+/* a[i] = gelu(a[i]) * b[i], GELU by its tanh form (Gemma's gelu_pytorch_tanh), tanh through
+ * the same vectorised exp */
+void ops_geglu(float *a, const float *b, int n);
+void ops_geglu_ref(float *a, const float *b, int n);
 /* y[i] = exp(x[i]), the vectorised exp: within 2e-7 relative of expf for x in [-87.3, 88.3];
  * 0 below, exp(88.3) above. y may be x. */
 void ops_exp(float *y, const float *x, int n);

@@ -55,22 +55,29 @@ int attention_use_policy(run_state *s, policy *p, int sparse_from, char *err)
 
 static inline void count_bytes(run_state *s, uint64_t b) { s->bytes_kv[8 * omp_get_thread_num()] += b; }
 
-/* Exact attention of one query over the cached rows idx[0..n) (idx NULL: 0..n-1) of one KV head;
- * leaves the softmax weights in scores. With split keys a score is the dominant block's dot
- * product plus the rest's (tmp: n floats). */
-static void attend(float *out, const float *q, const kvcache *kv, int l, int g, const int32_t *idx, int n,
+/* Exact attention of one query over the cached rows idx[0..n) (idx NULL: row0..row0+n-1) of one
+ * KV head; leaves the softmax weights in scores. With split keys a score is the dominant block's
+ * dot product plus the rest's (tmp: n floats). */
+static void attend(float *out, const float *q, const kvcache *kv, int l, int g, const int32_t *idx, int row0, int n,
                    float *scores, float *tmp)
 {
     const int d = kv->d_head, ns = kv->n_split;
     const float scale = 1.0f / sqrtf((float)d);
-    if (idx) kvcache_prefetch(kv, l, g, idx, n);
-    kvcache_scores(kv, KV_KEYS, l, g, 0, idx, n, q, 1, d, scale, scores, n);
+    if (idx) kvcache_prefetch(kv, l, g, idx, n), row0 = 0;
+    kvcache_scores(kv, KV_KEYS, l, g, row0, idx, n, q, 1, d, scale, scores, n);
     if (ns) {
-        kvcache_scores(kv, KV_REST, l, g, 0, idx, n, q + ns, 1, d, scale, tmp, n);
+        kvcache_scores(kv, KV_REST, l, g, row0, idx, n, q + ns, 1, d, scale, tmp, n);
         for (int i = 0; i < n; i++) scores[i] += tmp[i];
     }
     ops_softmax(scores, n);
-    kvcache_accum(kv, l, g, 0, idx, n, scores, 1, NULL, out, d);
+    kvcache_accum(kv, l, g, row0, idx, n, scores, 1, NULL, out, d);
+}
+
+/* The first row a query at pos may see: 0, or the start of a local layer's sliding window. */
+static inline int window_start(const model *m, int l, int pos)
+{
+    const int w = m->cfg.sliding_window;
+    return model_layer_local(&m->cfg, l) && pos + 1 > w ? pos + 1 - w : 0;
 }
 
 /* Unnormalised attention of nq queries (ldq apart) over rows [a, a + len) or idx[0..len): each
@@ -182,7 +189,7 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
         len[i] = pos + 1;
         if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, Q + (size_t)i * qd);
         ops_softmax(S + (size_t)i * t, len[i]);
-        if (s->stats) attn_stats_observe(s->stats, l, h, pos, S + (size_t)i * t, NULL, len[i]);
+        if (s->stats) attn_stats_observe(s->stats, l, h, pos, S + (size_t)i * t, NULL, 0, len[i]);
         count_bytes(s, (uint64_t)len[i] * 2 * d * kvcache_esz(kv));
     }
     kvcache_accum(kv, l, g, 0, NULL, t, S, nq, len, s->att_out + (size_t)r0 * qd + (size_t)h * d, qd);
@@ -219,17 +226,23 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             if (n_sel >= 0 && (!tip || h % w->grp == 0))
                 count_bytes(s, attn_select_bytes(p, pos + 1, dh, s->kv.n_split, esz));
         }
-        const int rows = n_sel < 0 ? pos + 1 : n_sel;
+        /* dense: every row to pos, or a local layer's window of them */
+        const int row0 = n_sel < 0 ? window_start(m, l, pos) : 0, rows = n_sel < 0 ? pos + 1 - row0 : n_sel;
         if (n_sel < 0) idx = NULL;
         if (s->attend_hook) {
             char herr[FASA_ERRLEN];
-            if (s->attend_hook(s->attend_ctx, s, l, h, pos, q, idx, rows, out, herr) < 0) {
+            int32_t *win = NULL;   /* the hook takes rows as a list when they do not start at 0 */
+            if (!idx && row0 && (win = malloc(sizeof *win * rows)))
+                for (int j = 0; j < rows; j++) win[j] = row0 + j;
+            if ((!idx && row0 && !win) ||
+                s->attend_hook(s->attend_ctx, s, l, h, pos, q, win ? win : idx, rows, out, herr) < 0) {
 #pragma omp critical(fasa_hook_err)
-                if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", herr);
+                if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", win || idx || !row0 ? herr : "out of memory");
             }
+            free(win);
         } else {
-            attend(out, q, &s->kv, l, g, idx, rows, scores, tmp);
-            if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, rows);
+            attend(out, q, &s->kv, l, g, idx, row0, rows, scores, tmp);
+            if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, row0, rows);
         }
         count_bytes(s, (uint64_t)rows * 2 * dh * esz);
     }
@@ -254,9 +267,12 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
     policy *p = s->policy;
     const int t1 = s->n_past + 1, grp = m->cfg.n_head / m->cfg.n_kv_head;
     const int sparse = p && s->n_past + n > s->sparse_from;   /* some query of the batch */
+    /* a local layer's sliding window cuts off rows the batch path would read */
+    const int windowed = model_layer_local(&m->cfg, l) && s->n_past + n > m->cfg.sliding_window;
     if (s->attend_hook) return ATTN_PER_QUERY;
-    if (n > 1) return !sparse && n <= 512 && s->attn->bscores ? ATTN_DENSE_BATCH : ATTN_PER_QUERY;
-    const int dense = !sparse || p->o.kind == POLICY_FULL || p->o.budget >= t1 || policy_layer_dense(&p->o, l);
+    if (n > 1) return !sparse && !windowed && n <= 512 && s->attn->bscores ? ATTN_DENSE_BATCH : ATTN_PER_QUERY;
+    const int dense = !sparse || p->o.kind == POLICY_FULL || p->o.budget >= t1 || policy_layer_dense(&p->o, l) ||
+                      model_layer_local(&m->cfg, l);
     if (dense) return !s->obs && !s->stats && grp <= 8 && m->cfg.d_head <= 1024 ? ATTN_DENSE_DECODE : ATTN_PER_QUERY;
     int lo, hi;
     if (tip_block_ok(m, s) && !s->obs && !s->stats && !(p->o.auto_mass > 0) &&
@@ -285,11 +301,11 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
         return 0;
     }
     case ATTN_DENSE_DECODE: {
-        const int P = decode_parts(t1);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t1 >= DECODE_PARALLEL_MIN)
+        const int w0 = window_start(m, l, t1 - 1), t = t1 - w0, P = decode_parts(t);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) if (t >= DECODE_PARALLEL_MIN)
         for (int it = 0; it < c->n_kv_head * P; it++) {
             const int g = it / P, p = it % P;
-            attn_rows(m, s, l, g, p, (int)((int64_t)p * t1 / P), (int)((int64_t)(p + 1) * t1 / P));
+            attn_rows(m, s, l, g, p, w0 + (int)((int64_t)p * t / P), w0 + (int)((int64_t)(p + 1) * t / P));
         }
         attn_merge(m, s, P);
         return 0;

@@ -169,9 +169,9 @@ int  attn_stats_init(attn_stats *st, const model *m, int n_ctx, int flags, int n
 void attn_stats_free(attn_stats *st);
 /* After the keys of positions < n_cached are in the cache of `layer`: summarise new full pages. */
 void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cached);
-/* The softmax weights one query gave to tokens idx[0..n) (idx NULL: 0..n-1). Thread-safe. */
+/* The softmax weights one query gave to tokens idx[0..n) (idx NULL: row0..row0+n-1). Thread-safe. */
 void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p,
-                        const int32_t *idx, int n);
+                        const int32_t *idx, int row0, int n);
 /* Folds the per-thread sums of `layer` together (call outside parallel regions). */
 void attn_stats_reduce(attn_stats *st, int layer);
 

@@ -319,7 +319,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const policy_opts *o = &p->o;
     const model_config *c = &p->m->cfg;
     const int t = pos + 1, d = c->d_head, group = c->n_head / c->n_kv_head, g = head / group;
-    if (o->kind == POLICY_FULL || budget >= t || policy_layer_dense(o, layer)) return -1;
+    if (o->kind == POLICY_FULL || budget >= t || policy_layer_dense(o, layer) || model_layer_local(c, layer)) return -1;
     const kvcache *kv = &s->kv;
     const float *q = q_tok + (size_t)head * d;
     float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
@@ -494,7 +494,8 @@ void attn_stats_append(attn_stats *st, const run_state *s, int layer, int n_cach
     }
 }
 
-void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p, const int32_t *idx, int n)
+void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const float *p, const int32_t *idx, int row0,
+                        int n)
 {
     const size_t off = (size_t)omp_get_thread_num() * st->n_layer * st->n_head * st->n_ctx +
                        ((size_t)layer * st->n_head + head) * st->n_ctx;
@@ -504,7 +505,7 @@ void attn_stats_observe(attn_stats *st, int layer, int head, int pos, const floa
     for (int k = 0; k < 2; k++) {
         if (!dst[k]) continue;
         if (idx) for (int i = 0; i < n; i++) dst[k][idx[i]] += p[i];
-        else for (int i = 0; i < n; i++) dst[k][i] += p[i];
+        else for (int i = 0; i < n; i++) dst[k][row0 + i] += p[i];
     }
 }
 
