@@ -25,7 +25,8 @@ static const char usage_text[] =
     "  -o, --output OUT      output directory (must not exist, or be empty); OUT.fasa with --bundle\n"
     "                        (an OUT ending in .fasa implies --bundle)\n"
     "      --to FORMAT       fasa (default: reordered) or hf (Hugging Face layout)\n"
-    "      --dtype T         f32 (default), f16 or bf16\n"
+    "      --dtype T         f32, f16 or bf16 (default: the source's where it is one of them, else\n"
+    "                        f16)\n"
     "      --bundle          write one .fasa file (tar with a checksummed manifest) instead\n"
     "      --zstd            compress the bundle with zstd\n"
     "      --json            print a summary as JSON on stdout\n"
@@ -43,7 +44,7 @@ int cmd_convert(int argc, char **argv)
         { "json", no_argument, 0, OPT_JSON },      { "help", no_argument, 0, 'h' },
         { 0, 0, 0, 0 },
     };
-    const char *prof_path = NULL, *out = NULL, *to = "fasa", *dtype = "f32";
+    const char *prof_path = NULL, *out = NULL, *to = "fasa", *dtype = NULL;
     convert_opts o = convert_defaults();
     int json = 0, c;
     optind = 1;
@@ -65,7 +66,8 @@ int cmd_convert(int argc, char **argv)
         return EXIT_USAGE;
     }
     const char *model_path = argv[optind];
-    if (!strcmp(dtype, "f32")) o.dtype = ST_F32;
+    if (!dtype) o.dtype = -1;
+    else if (!strcmp(dtype, "f32")) o.dtype = ST_F32;
     else if (!strcmp(dtype, "f16")) o.dtype = ST_F16;
     else if (!strcmp(dtype, "bf16")) o.dtype = ST_BF16;
     else return die_usage("option '--dtype' must be f32, f16 or bf16, not '%s'", dtype);
@@ -100,14 +102,16 @@ int cmd_convert(int argc, char **argv)
     double secs = fasa_now() - t0;
     char final[4096];
     convert_out_path(&o, out, final, sizeof final);
+    const int dt = convert_dtype(m, &o);
+    const char *dname = dt == ST_F32 ? "f32" : dt == ST_F16 ? "f16" : "bf16";
     fprintf(stderr, "fasa: wrote '%s' (%s, %s%s) in %.1f s\n", final,
-            o.reorder ? "q/k chunks in profile order" : "Hugging Face layout", dtype,
+            o.reorder ? "q/k chunks in profile order" : "Hugging Face layout", dname,
             o.bundle ? (o.zstd ? ", zstd bundle" : ", bundle") : "", secs);
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "output", final);
         cJSON_AddBoolToObject(j, "reordered", o.reorder);
-        cJSON_AddStringToObject(j, "dtype", dtype);
+        cJSON_AddStringToObject(j, "dtype", dname);
         cJSON_AddBoolToObject(j, "bundle", o.bundle);
         cJSON_AddBoolToObject(j, "zstd", o.zstd);
         if (prof_path) cJSON_AddStringToObject(j, "profile", prof_path);

@@ -19,7 +19,7 @@
 
 convert_opts convert_defaults(void)
 {
-    return (convert_opts){ .dtype = ST_F32, .reorder = 1 };
+    return (convert_opts){ .dtype = -1, .reorder = 1 };
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -658,12 +658,22 @@ out:
     return rc;
 }
 
-int convert_write(const model *m, const convert_opts *o, const char *out, char *err)
+int convert_dtype(const model *m, const convert_opts *o)
+{
+    if (o->dtype >= 0) return o->dtype;
+    const uint32_t t = m->layers[0].wq.type;   /* the source's float type, or f16 for quantised weights */
+    return t == GGUF_TYPE_F32 ? ST_F32 : t == GGUF_TYPE_BF16 ? ST_BF16 : ST_F16;
+}
+
+int convert_write(const model *m, const convert_opts *opts, const char *out, char *err)
 {
     char final[4096], tmpdir[4200];
     const char *members[16];
     int n_members = 0, rc;
     struct stat st;
+    convert_opts oo = *opts;
+    const convert_opts *o = &oo;
+    oo.dtype = convert_dtype(m, opts);
     if (o->dtype != ST_F32 && o->dtype != ST_F16 && o->dtype != ST_BF16)
         return fasa_error(err, FASA_EARG, "cannot convert to dtype %s: only F32, F16 and BF16", st_dtype_name((st_dtype)o->dtype));
     if (o->reorder && !o->prof)

@@ -43,7 +43,9 @@
 #include "profile.h"
 
 typedef struct convert_opts {
-    int dtype;               /* st_dtype of the written tensors: ST_F32 (default), ST_F16, ST_BF16 */
+    int dtype;               /* st_dtype of the written tensors: ST_F32, ST_F16, ST_BF16, or -1 (the
+                              * default): the source's where it is one of them, else f16 (a quantised
+                              * GGUF: f16 holds its dequantised values far better than they need) */
     int reorder;             /* 1 (default): chunk order from prof->group_rank; 0: Hugging Face layout */
     const profile *prof;     /* required to reorder; otherwise optional (copied when given) */
     const char *prof_path;   /* for messages */
@@ -55,6 +57,8 @@ convert_opts convert_defaults(void);
 /* Where convert_write puts its output: out, or out + ".fasa" for a bundle not already so named. */
 void convert_out_path(const convert_opts *o, const char *out, char *buf, size_t cap);
 
+/* The dtype convert_write writes for m: o->dtype, or the default it resolves (-1). */
+int convert_dtype(const model *m, const convert_opts *o);
 /* Writes the converted model (see above). Checks the profile against m first (dims and q/k
  * hash; reordering also needs chunks defined as RoPE planes). Refuses an existing non-empty
  * output directory; an existing bundle file is replaced atomically. */
