@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "export.h"
@@ -81,6 +82,53 @@ static int collect_tensors(const model *m, trow **out)
     }
     *out = rows;
     return rows ? n : -1;
+}
+
+/* A .safetensors file with no config.json beside it: its tensors and metadata, which is all the
+ * file says (the model facts need the config). */
+static int inspect_safetensors(const char *path, int json)
+{
+    char err[FASA_ERRLEN];
+    st_file f;
+    if (st_open(&f, path, err) < 0) return die("%s", err);
+    uint64_t total = 0;
+    for (int i = 0; i < f.n_tensors; i++) total += f.tensors[i].end - f.tensors[i].begin;
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(o, "metadata");
+        cJSON_AddStringToObject(o, "format", "safetensors");
+        cJSON_AddNumberToObject(o, "tensor_bytes", (double)total);
+        for (int i = 0; i < f.n_meta; i++) cJSON_AddStringToObject(md, f.meta_keys[i], f.meta_vals[i]);
+        cJSON *arr = cJSON_AddArrayToObject(o, "tensors");
+        for (int i = 0; i < f.n_tensors; i++) {
+            const st_tensor *t = &f.tensors[i];
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "name", t->name);
+            cJSON_AddStringToObject(r, "dtype", st_dtype_name(t->dtype));
+            cJSON *sh = cJSON_AddArrayToObject(r, "shape");
+            for (int d = 0; d < t->n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+            cJSON_AddNumberToObject(r, "bytes", (double)(t->end - t->begin));
+            cJSON_AddItemToArray(arr, r);
+        }
+        char *text = cJSON_Print(o);
+        cJSON_Delete(o);
+        if (text) puts(text);
+        free(text);
+    } else {
+        printf("format        safetensors, %d tensors, %.1f MB (no config.json beside it: tensors only)\n",
+               f.n_tensors, total / 1e6);
+        for (int i = 0; i < f.n_meta; i++) printf("metadata      %s = %s\n", f.meta_keys[i], f.meta_vals[i]);
+        for (int i = 0; i < f.n_tensors; i++) {
+            const st_tensor *t = &f.tensors[i];
+            char shape[96] = "";
+            for (int d = 0; d < t->n_dims; d++)
+                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? " x " : "",
+                         (long long)t->shape[d]);
+            printf("  %-48s %-5s %-20s %12llu\n", t->name, st_dtype_name(t->dtype), shape,
+                   (unsigned long long)(t->end - t->begin));
+        }
+    }
+    st_close(&f);
+    return fflush(stdout) == 0 ? 0 : die("cannot write to standard output");
 }
 
 static int inspect_model(const char *path, int json, int all)
@@ -412,5 +460,13 @@ int cmd_inspect(int argc, char **argv)
     }
     if (profile_flag)
         return die_usage("option '%s' applies to calibration profiles; '%s' is not one", profile_flag, path);
+    /* a lone .safetensors file: its tensors; with a config.json beside it, the model too */
+    size_t pl = strlen(path);
+    if (pl > 12 && !strcmp(path + pl - 12, ".safetensors")) {
+        char cfg[4096];
+        const char *slash = strrchr(path, '/');
+        snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+        if (access(cfg, F_OK) != 0) return inspect_safetensors(path, po.json);
+    }
     return inspect_model(path, po.json, all);
 }
