@@ -224,7 +224,7 @@ int tiny_write_gguf(const tiny_model *t, const char *path, uint32_t type)
     gguf_w_f32(w, key, s->rope_theta);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     gguf_w_f32(w, key, 1e-5f);
-    if (s->sliding_window) {
+    if (s->sliding_window && !s->gguf_no_window) {
         snprintf(key, sizeof key, "%s.attention.sliding_window", a);
         gguf_w_u32(w, key, s->sliding_window);
     }

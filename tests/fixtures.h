@@ -27,6 +27,7 @@ typedef struct tiny_spec {
     int gguf_no_permute;   /* write llama q/k rows un-interleaved: a deliberately wrong file */
     int sliding_window;    /* llama: a mistral-style window on every layer; gemma3: the local layers'
                             * (default 8), every sixth layer global as llama.cpp reads gemma3 */
+    int gguf_no_window;    /* gemma3: leave the sliding-window key out of the GGUF (a broken file) */
     uint64_t seed;
 } tiny_spec;
 

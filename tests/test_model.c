@@ -299,3 +299,27 @@ Test(model, split_decode_matches_reference, .timeout = 120)
     tiny_free(&t);
     tmpdir_remove(dir);
 }
+
+/* Files that cannot describe their model: a gemma3 GGUF without its sliding window, a config
+ * with a RoPE scaling fasa does not implement. One error line naming the file and the problem. */
+Test(model, bad_architecture_inputs)
+{
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_GEMMA3, .seed = 23, .gguf_no_window = 1 });
+    char *dir = tmpdir_make(), path[700], err[FASA_ERRLEN];
+    snprintf(path, sizeof path, "%s/g.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+    model *m;
+    cr_expect_lt(model_open(&m, path, err), 0);
+    cr_expect(strstr(err, "g.gguf") && strstr(err, "gemma3.attention.sliding_window"), "%s", err);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+    model_config c;
+    static const char yarn[] = "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                               "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}";
+    cr_expect_lt(model_config_parse(&c, yarn, sizeof yarn - 1, "cfg.json", err), 0);
+    cr_expect(strstr(err, "cfg.json") && strstr(err, "unsupported rope scaling 'yarn'"), "%s", err);
+    static const char nowin[] = "{\"model_type\": \"gemma3_text\", \"num_hidden_layers\": 6, \"hidden_size\": 64}";
+    cr_expect_lt(model_config_parse(&c, nowin, sizeof nowin - 1, "g.json", err), 0);
+    cr_expect(strstr(err, "g.json") && strstr(err, "sliding_window"), "%s", err);
+}
