@@ -275,6 +275,13 @@ static void print_summary(const profile *p, const char *path, const export_summa
            p->arch, p->n_layer, p->n_head, p->n_kv_head, p->d_head, p->n_chunk,
            p->chunks == CHUNKS_PLANE ? "plane: dims j, j+d/2" : "adjacent: dims 2j, 2j+1",
            (unsigned long long)p->qk_hash);
+    if (p->sliding_window > 0) {
+        const model_config c = { .sliding_window = p->sliding_window, .swa_period = p->swa_period };
+        printf("fasa layers  ");
+        for (int l = 0, k = 0; l < p->n_layer; l++)
+            if (!model_layer_local(&c, l)) printf("%s%d", k++ ? "," : " ", l);
+        printf(" (the global ones; the rest attend over a %d-token window, densely)\n", p->sliding_window);
+    }
     printf("calibration   %d tokens (%d prefill, %d decode steps), sample %016llx, K", p->n_tokens, p->n_prefill,
            p->n_steps, (unsigned long long)p->sample_hash);
     for (int i = 0; i < p->n_k; i++) printf("%s%d", i ? "," : " ", p->ks[i]);

@@ -137,7 +137,8 @@ static void on_query(void *vctx, const model *m, const run_state *s, int layer, 
                      const float *q)
 {
     calib_ctx *c = vctx;
-    if (pos < c->n_prefill) return;
+    /* a local layer attends over its window and never sparsely: no CA to measure there */
+    if (pos < c->n_prefill || model_layer_local(&m->cfg, layer)) return;
     const int tid = omp_get_thread_num(), t = pos + 1, d = c->d, nc = c->n_chunk, nk = c->o->n_k;
     const int g = head / (c->n_head / c->n_kv);
     const float *K = kvcache_k(&s->kv, layer, g);
@@ -209,6 +210,7 @@ int calibrate_run(const model *m, const int32_t *ids, int n, const calib_opts *o
 
     memset(p, 0, sizeof *p);
     snprintf(p->arch, sizeof p->arch, "%s", fasa_arch_name(cf->arch));
+    p->sliding_window = cf->sliding_window, p->swa_period = cf->swa_period;
     p->n_layer = cf->n_layer, p->n_head = cf->n_head, p->n_kv_head = cf->n_kv_head;
     p->d_head = cf->d_head, p->n_chunk = cf->d_head / 2;
     p->qk_hash = profile_model_hash(m);

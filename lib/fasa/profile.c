@@ -162,6 +162,14 @@ void profile_json_identity(const profile *p, cJSON *o)
     cJSON_AddNumberToObject(mo, "d_head", p->d_head);
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)p->qk_hash);
     cJSON_AddStringToObject(mo, "qk_hash", hex);
+    if (p->sliding_window > 0) {   /* the layers FASA covers: the global ones */
+        cJSON_AddNumberToObject(mo, "sliding_window", p->sliding_window);
+        cJSON_AddNumberToObject(mo, "swa_period", p->swa_period);
+        cJSON *fl = cJSON_AddArrayToObject(mo, "fasa_layers");
+        const model_config c = { .sliding_window = p->sliding_window, .swa_period = p->swa_period };
+        for (int l = 0; l < p->n_layer; l++)
+            if (!model_layer_local(&c, l)) cJSON_AddItemToArray(fl, cJSON_CreateNumber(l));
+    }
     cJSON *co = cJSON_AddObjectToObject(o, "chunks");
     cJSON_AddStringToObject(co, "definition", p->chunks == CHUNKS_PLANE ? "plane" : "adjacent");
     cJSON_AddNumberToObject(co, "count", p->n_chunk);
@@ -333,6 +341,10 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
         return rc;
     if (p->n_head % p->n_kv_head || p->d_head % 2)
         return fasa_error(err, FASA_EFORMAT, "'%s': inconsistent head counts or head dim", path);
+    if (cJSON_GetObjectItemCaseSensitive(mo, "sliding_window") &&
+        ((rc = get_int(mo, "sliding_window", 1, 1 << 30, &p->sliding_window, path, err)) < 0 ||
+         (rc = get_int(mo, "swa_period", 0, 1024, &p->swa_period, path, err)) < 0))
+        return rc;
     p->n_chunk = p->d_head / 2;
     const cJSON *def = cJSON_GetObjectItemCaseSensitive(co, "definition");
     if (cJSON_IsString(def) && !strcmp(def->valuestring, "plane")) p->chunks = CHUNKS_PLANE;

@@ -8,7 +8,8 @@
  *
  * JSON (cJSON), deterministic: the same inputs give byte-identical files.
  *   {"format": "fasa-profile", "version": 1,
- *    "model": {"architecture", "n_layer", "n_head", "n_kv_head", "d_head", "qk_hash"},
+ *    "model": {"architecture", "n_layer", "n_head", "n_kv_head", "d_head", "qk_hash"
+ *              [, "sliding_window", "swa_period", "fasa_layers": [the global layers]]},
  *    "chunks": {"definition": "plane"|"adjacent", "count": d_head/2},
  *    "calibration": {"sample_hash", "n_tokens", "n_prefill", "n_steps", "k": [..], "rank_k", "fcs"},
  *    "ca": {"<K>": [[[mean CA of chunk c] per head] per layer], ...},
@@ -35,6 +36,8 @@ enum chunk_def { CHUNKS_PLANE, CHUNKS_ADJACENT };
 typedef struct profile {
     char arch[16];
     int n_layer, n_head, n_kv_head, d_head, n_chunk;
+    int sliding_window, swa_period; /* the model's local layers (model_layer_local), which attend over
+                                     * a window and never sparsely: FASA covers the others */
     uint64_t qk_hash;
     enum chunk_def chunks;
     uint64_t sample_hash;
