@@ -8,11 +8,15 @@
  *   gguf_dump --fixture OUT [SEED]   write a GGUF with, for every supported type, a tensor of
  *                                    random blocks ("rand.<TYPE>") and one quantised by
  *                                    gguf_quantize ("quant.<TYPE>") from the F32 tensor "src"
+ *   gguf_dump --check FILE [REPEAT]  gguf_check_tensor over every tensor, REPEAT times (default 5)
+ *                                    in this process: MB of tensor data per second, the first pass
+ *                                    (fresh mapping: page faults) and the median of the others
  * Errors go to stderr as one line; the exit status is 1 on failure, 2 on a bad command line.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gguf.h"
 
@@ -97,14 +101,60 @@ static int dump_rows(const gguf_tensor *t, int64_t n_max, float *row)
     return 0;
 }
 
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int check_speed(const char *path, int repeat)
+{
+    gguf_file g;
+    char err[FASA_ERRLEN];
+    double t[64];
+    if (repeat < 2 || repeat > 64) repeat = 5;
+    if (gguf_open(&g, path, err) < 0) {
+        fprintf(stderr, "gguf_dump: %s\n", err);
+        return 1;
+    }
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < g.n_tensors; i++) bytes += g.tensors[i].nbytes;
+    for (int r = 0; r < repeat; r++) {
+        double t0 = now();
+        for (uint64_t i = 0; i < g.n_tensors; i++)
+            if (gguf_check_tensor(&g, &g.tensors[i], err) < 0) {
+                fprintf(stderr, "gguf_dump: %s\n", err);
+                gguf_close(&g);
+                return 1;
+            }
+        t[r] = now() - t0;
+    }
+    double first = t[0];
+    qsort(t + 1, (size_t)repeat - 1, sizeof *t, cmp_double);
+    double med = t[1 + (repeat - 1) / 2];
+    printf("%s: %llu tensors, %.1f MB of tensor data: first pass %.1f ms (%.0f MB/s), "
+           "median of %d more %.2f ms (%.0f MB/s)\n", path, (unsigned long long)g.n_tensors, (double)bytes / 1e6,
+           first * 1e3, (double)bytes / 1e6 / first, repeat - 1, med * 1e3, (double)bytes / 1e6 / med);
+    gguf_close(&g);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 3 && strcmp(argv[1], "--check") == 0) return check_speed(argv[2], argc > 3 ? atoi(argv[3]) : 5);
     if (argc >= 3 && strcmp(argv[1], "--fixture") == 0)
         return fixture(argv[2], argc > 3 ? strtoull(argv[3], NULL, 0) : 42);
     int every = argc == 4 && strcmp(argv[1], "--rows") == 0;
     if (!every && (argc < 2 || argc > 4)) {
         fprintf(stderr, "usage: gguf_dump FILE [TENSOR [ROWS]] | gguf_dump --rows N FILE | "
-                        "gguf_dump --fixture OUT [SEED]\n");
+                        "gguf_dump --fixture OUT [SEED] | gguf_dump --check FILE [REPEAT]\n");
         return 2;
     }
     const char *path = every ? argv[3] : argv[1];
