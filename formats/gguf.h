@@ -5,7 +5,10 @@
  *   if (gguf_open(&g, "model.gguf", err) < 0) ...;          // mmap + gguf_parse
  *   uint32_t n_layer; gguf_get_u32(&g, "llama.block_count", &n_layer);
  *   const gguf_tensor *t = gguf_find_tensor(&g, "blk.0.attn_q.weight");
+ *   if (gguf_check_tensor(&g, t, err) < 0) ...;              // a NaN or inf block scale
  *   gguf_dequant(t->type, t->data, row, t->ne[0]);           // one row of ne[0] values
+ *   const gguf_type_traits *tt = gguf_type_traits_of(t->type);   // the same, by hand:
+ *   tt->to_float(t->data, row, t->ne[0]);                    // ne[0] / tt->block blocks of tt->bytes
  *   gguf_close(&g);
  *
  * Byte layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 n_tensors, u64 n_kv
@@ -123,28 +126,30 @@ int gguf_arr_f32(const gguf_kv *kv, float *out);     /* F32 or F64 elements */
  *                      bit = bit v/32 of hmask[v%32] (clear: subtract 4); sixteen 6-bit scales,
  *                      low nibble in scales[s] (s < 8) or scales[s-8] >> 4, top 2 bits at bits
  *                      2*(s/4) of scales[8 + s%4]; y = d * (scale - 32) * q
- *   Q4_K  (256, 144 B) f16 d, dmin; u8 scales[12]; u8 qs[128]    8 sub-blocks of 32 with 6-bit
- *                      scales and mins packed in 12 bytes (gguf.c: k_scale_min); chunk c of 32
- *                      bytes holds sub-block 2c in its low nibbles, 2c+1 in its high nibbles;
- *                      y = d*scale * q - dmin*min
+ *   Q4_K  (256, 144 B) f16 d, dmin; u8 scales[12]; u8 qs[128]    8 sub-blocks of 32, 6-bit scale
+ *                      and min each: for j < 4 the low 6 bits of scales[j] and scales[j+4]; for
+ *                      j >= 4 the low / high nibble of scales[j+4] with the top two bits in bits
+ *                      6-7 of scales[j-4] / scales[j]. Value v: nibble v%64/32 of qs[32*(v/64) +
+ *                      v%32]; y = d*scale * q - dmin*min
  *   Q5_K  (256, 176 B) f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]    as Q4_K plus a 5th bit:
  *                      bit v/32 of qh[v%32]
- *   Q6_K  (256, 210 B) u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d    16 sub-blocks of 16;
- *                      y = d * scale * (q - 32) (layout in gguf.c: dq_q6_k)
+ *   Q6_K  (256, 210 B) u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d    half h = v/128, r = v%128:
+ *                      low 4 bits = nibble r/64 of ql[64h + r%64], high 2 bits = bits 2*(r/32) of
+ *                      qh[32h + r%32]; scale v/16; y = d*scale * (q - 32)
  *   IQ4_NL (32, 18 B)  f16 d; u8 qs[16]                 as Q4_0 but y = d * kvalues[q], kvalues =
  *                      {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113}
  *   IQ4_XS(256, 136 B) f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]    8 sub-blocks of 32, each
  *                      16 bytes of qs as IQ4_NL; 6-bit scale = nibble s%2 of scales_l[s/2] | bits
  *                      2s..2s+1 of scales_h << 4; y = d * (scale - 32) * kvalues[q]
- * Dequantisation rounds as ggml's reference does: each product (d * scale, then * q) and each
- * sum is rounded once, never fused. */
+ * Dequantisation does ggml's reference arithmetic in its order: step = d * scale, then step * q,
+ * then - dmin * min or + m, all in f32 (so it agrees with ggml and gguf-py to the bit). */
 typedef struct gguf_type_traits {
     const char *name;          /* "Q4_K" */
     int64_t block;             /* values per block (1 for F32/F16/BF16) */
     size_t bytes;              /* bytes per block */
     int n_scales;              /* f16 scale fields per block (d; d and dmin / m): 0, 1 or 2 */
     uint16_t scale_at[2];      /* their byte offsets in the block (for gguf_check_tensor) */
-    /* n values (a multiple of block) from a block boundary, scalar, exactly ggml's arithmetic */
+    /* n values (a multiple of block) from a block boundary: the scalar reference */
     void (*to_float)(const void *src, float *dst, int64_t n);
     /* reference quantiser for fixtures and tests (not fast, not ggml's search); never NULL here */
     void (*from_float_ref)(const float *src, void *dst, int64_t n);
