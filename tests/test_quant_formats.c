@@ -247,7 +247,8 @@ Test(quant_formats, rows_are_blocks)
         const gguf_type_traits *tt = gguf_type_traits_of(t);
         if (!tt) continue;
         tt->from_float_ref(x, whole, N);
-        for (int64_t i = 0; i < N; i += tt->block) tt->from_float_ref(x + i, parts + i / tt->block * tt->bytes, tt->block);
+        for (int64_t i = 0; i < N; i += tt->block)
+            tt->from_float_ref(x + i, parts + i / tt->block * tt->bytes, tt->block);
         cr_assert_eq(memcmp(whole, parts, (size_t)(N / tt->block) * tt->bytes), 0, "%s", tt->name);
         tt->to_float(whole, y, N);
         for (int64_t i = 0; i < N; i += tt->block) tt->to_float(parts + i / tt->block * tt->bytes, z + i, tt->block);
@@ -500,6 +501,7 @@ Test(quant_formats, dequant_matches_gguf_py, .timeout = 600)
              ">build/check_gguf_dequant.log 2>&1", root);
     int st = system(cmd);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    if (rc == 77) cr_skip_test("quant_formats::dequant_matches_gguf_py: gguf cannot be imported (build/check_gguf_dequant.log)");
+    if (rc == 77)
+        cr_skip_test("quant_formats::dequant_matches_gguf_py: gguf cannot be imported (build/check_gguf_dequant.log)");
     cr_expect_eq(rc, 0, "check_gguf_dequant.py found differences (exit %d); see build/check_gguf_dequant.log", rc);
 }

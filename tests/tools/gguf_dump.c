@@ -4,7 +4,7 @@
  *   gguf_dump FILE TENSOR [ROWS]     the tensor (or its first ROWS rows) dequantised, as raw
  *                                    little-endian f32 on stdout
  *   gguf_dump --rows N FILE          every tensor in file order, n = min(N, rows) of its rows
- *                                    dequantised (row i * rows / n for i < n), as raw f32
+ *                                    (N = 0: all) dequantised (row i * rows / n for i < n), as raw f32
  *   gguf_dump --fixture OUT [SEED]   write a GGUF with, for every supported type, a tensor of
  *                                    random blocks ("rand.<TYPE>") and one quantised by
  *                                    gguf_quantize ("quant.<TYPE>") from the F32 tensor "src"
@@ -88,10 +88,10 @@ static int fixture(const char *out, uint64_t seed)
     return rc < 0;
 }
 
-/* Rows r of t for r in pick(i) = i * rows / n, i < n, as f32 on stdout. */
+/* Rows i * rows / n of t for i < n = min(n_max, rows) (n_max <= 0: all), as f32 on stdout. */
 static int dump_rows(const gguf_tensor *t, int64_t n_max, float *row)
 {
-    int64_t rows = t->ne[1] * t->ne[2] * t->ne[3], n = n_max < rows ? n_max : rows;
+    int64_t rows = t->ne[1] * t->ne[2] * t->ne[3], n = n_max > 0 && n_max < rows ? n_max : rows;
     size_t rb = gguf_row_bytes(t->type, t->ne[0]);
     for (int64_t i = 0; i < n; i++) {
         int64_t r = n == rows ? i : (int64_t)((unsigned __int128)i * (uint64_t)rows / (uint64_t)n);
