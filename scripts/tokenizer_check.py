@@ -397,9 +397,9 @@ def build_tool(out_dir):
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libcjson", "libpcre2-8"],
                            capture_output=True, text=True, check=True).stdout.split()
     exe = os.path.join(out_dir, "tokenize")
-    cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
-           "-I" + os.path.join(ROOT, "lib"), "-I" + os.path.join(ROOT, "formats"),
-           os.path.join(ROOT, "lib/common.c"), os.path.join(ROOT, "lib/tokenizer.c"),
+    cmd = [cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fopenmp",
+           "-I" + os.path.join(ROOT, "lib/core"), "-I" + os.path.join(ROOT, "formats"),
+           os.path.join(ROOT, "formats/base.c"), os.path.join(ROOT, "lib/core/tokenizer.c"),
            os.path.join(ROOT, "formats/gguf.c"), os.path.join(ROOT, "tests/tools/tokenize.c"),
            "-o", exe] + flags + ["-lm"]
     subprocess.run(cmd, check=True)

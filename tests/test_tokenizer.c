@@ -646,34 +646,39 @@ Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
 
 /* ---- chat templates --------------------------------------------------------------------- */
 
-Test(tokenizer, chat_templates)
+static tokenizer_chat chat_kind(enum tokenizer_chat_kind kind, int bos, const char *bos_text)
+{
+    tokenizer_chat c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.bos = bos;
+    c.inst_close_space = 1;
+    snprintf(c.bos_text, sizeof c.bos_text, "%s", bos_text);
+    return c;
+}
+
+Test(tokenizer, chat_render_snprintf)
 {
     char buf[512];
+    tokenizer_chat chatml = chat_kind(TOKENIZER_CHAT_CHATML, 0, "");
     const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
                        "<|im_start|>assistant\n";
-    int n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, "Be brief.", "Hi?", buf, sizeof buf);
+    int n = tokenizer_chat_render(&chatml, "Be brief.", "Hi?", buf, sizeof buf);
     cr_expect_eq(n, (int)strlen(want));
     cr_expect_str_eq(buf, want);
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, sizeof buf);
+    n = tokenizer_chat_render(&chatml, NULL, "Hi?", buf, sizeof buf);
     cr_expect_str_eq(buf, "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, TOKENIZER_SMOLLM_SYSTEM, "Hi?", buf, sizeof buf);
-    cr_expect(!strncmp(buf, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                            "Hugging Face<|im_end|>\n", 95), "%s", buf);
-
-    n = tokenizer_chat_render(TOKENIZER_CHAT_LLAMA3, " Be brief.\n", "Hi?\n", buf, sizeof buf);
-    want = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-           "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-    cr_expect_str_eq(buf, want);
-    cr_expect_eq(n, (int)strlen(want));
 
     /* snprintf semantics: the needed length, truncated and terminated output */
-    int need = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", NULL, 0);
+    int need = tokenizer_chat_render(&chatml, NULL, "Hi?", NULL, 0);
     cr_expect_eq(need, (int)strlen("<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"));
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, 8);
+    n = tokenizer_chat_render(&chatml, NULL, "Hi?", buf, 8);
     cr_expect_eq(n, need);
     cr_expect_str_eq(buf, "<|im_st");
-    cr_expect_lt(tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, NULL, buf, sizeof buf), 0);
-    cr_expect_lt(tokenizer_chat_render((enum tokenizer_chat)7, NULL, "x", buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_chat_render(&chatml, NULL, NULL, buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_chat_render(NULL, NULL, "x", buf, sizeof buf), 0);
+    tokenizer_chat bad = chat_kind((enum tokenizer_chat_kind)77, 0, "");
+    cr_expect_lt(tokenizer_chat_render(&bad, NULL, "x", buf, sizeof buf), 0);
 }
 
 /* ---- the real SmolLM2 vocabulary -------------------------------------------------------- */
