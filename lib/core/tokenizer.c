@@ -1706,6 +1706,8 @@ static size_t char_back(const uint8_t *s, size_t n)
  * (as the Aho-Corasick automaton of `tokenizers` does). A match that is then rejected (a
  * special token with parse_special off, a single_word token inside a word) stays plain text
  * and the search resumes after it. */
+static void split_gap(enc *e, int cls, const uint8_t *s, size_t n, int parse_special);
+
 static void split_added(enc *e, int cls, const uint8_t *s, size_t n, int parse_special)
 {
     const tokenizer *t = e->t;
@@ -1733,18 +1735,21 @@ static void split_added(enc *e, int cls, const uint8_t *s, size_t n, int parse_s
                     ms = char_back(s, ms);
             if (a->rstrip)
                 while (me < n && re_char_at(e, t->re_space, s + me, n - me)) me += char_len(s + me, n - me);
-            if (ms > gap) {
-                if (cls == 0) e->piece0 = s + gap, split_added(e, 1, s + gap, ms - gap, parse_special);
-                else pretokenize(e, s + gap, ms - gap);
-            }
+            if (ms > gap) split_gap(e, cls, s + gap, ms - gap, parse_special);
             emit(e, a->id);
             gap = pos = me;
         }
     }
-    if (gap < n) {
-        if (cls == 0) e->piece0 = s + gap, split_added(e, 1, s + gap, n - gap, parse_special);
-        else pretokenize(e, s + gap, n - gap);
-    }
+    if (gap < n) split_gap(e, cls, s + gap, n - gap, parse_special);
+}
+
+/* Text between added tokens of class cls: class 1's turn, or pre-tokenisation. A class-0 piece
+ * is what a Prepend normalizer (and llama.cpp's add_space_prefix) puts its "▁" before. */
+static void split_gap(enc *e, int cls, const uint8_t *s, size_t n, int parse_special)
+{
+    if (cls == 1) { pretokenize(e, s, n); return; }
+    e->piece0 = s;
+    split_added(e, 1, s, n, parse_special);
 }
 
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special,
@@ -2028,5 +2033,6 @@ int tokenizer_encode_prompt(const tokenizer *t, const tokenizer_chat *chat, cons
     bos = tokenizer_add_bos(t);
     if (bos && max_ids > 0) ids[0] = t->bos;
     n = tokenizer_encode(t, text, strlen(text), 0, ids ? ids + bos : NULL, max_ids > bos ? max_ids - bos : 0);
-    return n < 0 || n == INT_MAX ? (n < 0 ? n : FASA_EARG) : n + bos;
+    if (n < 0) return n;
+    return n > INT_MAX - bos ? FASA_EARG : n + bos;
 }
