@@ -779,7 +779,8 @@ static char *spm_json(const spm_fixture *f, const char *normalizer, const char *
         first = 0;
     }
     n += (size_t)snprintf(s + n, cap - n, "],\"normalizer\":%s,\"pre_tokenizer\":%s,\"post_processor\":"
-                          "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+                          "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
+                          "{\"id\":\"<s>\",\"type_id\":0}},"
                           "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>\":"
                           "{\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]}}},\"decoder\":%s,"
                           "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"fuse_unk\":true,"
@@ -825,14 +826,15 @@ static char *spm_json(const spm_fixture *f, const char *normalizer, const char *
 
 #define SPM_LEGACY_NORM "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xE2\x96\x81\"}," \
                         "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"}]}"
-#define SPM_LEGACY_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xE2\x96\x81\"}," \
-                       "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \"," \
-                       "\"start\":1,\"stop\":0}]}"
-#define SPM_META(scheme, split) "{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\",\"prepend_scheme\":\"" scheme \
-                                "\",\"split\":" split "}"
+#define SPM_LEGACY_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":" \
+                       "{\"String\":\"\xE2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"}," \
+                       "{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":0}]}"
+#define SPM_META(scheme, split) "{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\"," \
+                                "\"prepend_scheme\":\"" scheme "\",\"split\":" split "}"
 #define SPM_GEMMA_NORM "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"}"
-#define SPM_GEMMA_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xE2\x96\x81\"}," \
-                      "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}]}"
+#define SPM_GEMMA_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":" \
+                      "{\"String\":\"\xE2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"}," \
+                      "{\"type\":\"Fuse\"}]}"
 
 static tokenizer *spm_load_json(const char *json)
 {
@@ -961,8 +963,8 @@ Test(tokenizer, spm_decode)
 Test(tokenizer, spm_round_trip_random)
 {
     static const char *const alphabet[] = { "a", "b", "c", "ab", " ", "  ", "\n", "\t", "\xC3\xA9", "x", "Z", "0",
-                                            "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xE4\xB8\xAD", "\xE2\x96\x81", "<", "s>",
-                                            "\x7F", "\x01", "\xEF\xBF\xBD" };
+                                            "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xE4\xB8\xAD", "\xE2\x96\x81",
+                                            "<", "s>", "\x7F", "\x01", "\xEF\xBF\xBD" };
     spm_fixture f;
     spm_make(&f);
     char *legacy = spm_json(&f, SPM_LEGACY_NORM, "null", SPM_LEGACY_DEC, -1);
@@ -1088,11 +1090,13 @@ static const char TMPL_QWEN25[] =
     "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\" }}\n"
     "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
-    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}\n"
     "    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n"
     "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
     "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n";
+    "    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
 static const char TMPL_LLAMA3[] =
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
     "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
@@ -1204,8 +1208,8 @@ Test(tokenizer, chat_of_tokenizer_and_prompt_ids, .init = tmp_setup, .fini = tmp
     cr_expect(c.kind == TOKENIZER_CHAT_MISTRAL && c.bos && !strcmp(c.bos_text, "<s>"));
     /* "<s>[INST] abc [/INST]": <s>, [INST], then " abc [/INST]" with llama.cpp's prefix */
     int n = tokenizer_encode_prompt(t, &c, NULL, "abc", ids, 64);
-    static const int32_t want[] = { 1, SPM_INST, SPM_SP_SP, SPM_ABC, SPM_SP, SPM_BYTE('['), SPM_BYTE('/'), SPM_BYTE('I'),
-                                    SPM_BYTE('N'), SPM_BYTE('S'), SPM_BYTE('T'), SPM_BYTE(']') };
+    static const int32_t want[] = { 1, SPM_INST, SPM_SP_SP, SPM_ABC, SPM_SP, SPM_BYTE('['), SPM_BYTE('/'),
+                                    SPM_BYTE('I'), SPM_BYTE('N'), SPM_BYTE('S'), SPM_BYTE('T'), SPM_BYTE(']') };
     cr_expect(n == 12 && !memcmp(ids, want, sizeof want), "%d", n);
     /* raw: BOS first (add_bos_token), then the text */
     n = tokenizer_encode_prompt(t, NULL, NULL, "abc", ids, 64);
@@ -1234,8 +1238,9 @@ Test(tokenizer, chat_of_tokenizer_and_prompt_ids, .init = tmp_setup, .fini = tmp
     cr_assert_eq(tokenizer_chat_of(t, &c), 0);
     cr_expect_eq(c.kind, TOKENIZER_CHAT_LLAMA2);
     tokenizer_free(t);
-    write_tmp("tokenizer_config.json", "{\"add_bos_token\":false,\"chat_template\":[{\"name\":\"tool_use\",\"template\":"
-              "\"{{ '<|im_start|>' }}\"},{\"name\":\"default\",\"template\":\"{{ bos_token }}<start_of_turn>\"}]}");
+    write_tmp("tokenizer_config.json", "{\"add_bos_token\":false,\"chat_template\":[{\"name\":\"tool_use\","
+              "\"template\":\"{{ '<|im_start|>' }}\"},{\"name\":\"default\",\"template\":"
+              "\"{{ bos_token }}<start_of_turn>\"}]}");
     cr_assert_eq(tokenizer_load_json(&t, p, err), 0, "%s", err);
     cr_expect_str_eq(tokenizer_chat_template(t), "{{ bos_token }}<start_of_turn>");
     cr_expect(strstr(tokenizer_chat_template_source(t), "tokenizer_config.json") != NULL);

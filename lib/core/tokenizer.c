@@ -660,7 +660,8 @@ static const gguf_kv *gguf_array(const gguf_file *g, const char *key, uint32_t t
     if (!kv) return NULL;
     if (kv->type != GGUF_VT_ARRAY || (numeric ? kv->arr_type == GGUF_VT_STRING || kv->arr_type == GGUF_VT_ARRAY
                                               : kv->arr_type != GGUF_VT_STRING)) {
-        *rc = fasa_error(err, FASA_EFORMAT, "'%s': %s is not an array of %s", file, key, numeric ? "numbers" : "strings");
+        *rc = fasa_error(err, FASA_EFORMAT, "'%s': %s is not an array of %s", file, key,
+                         numeric ? "numbers" : "strings");
         return NULL;
     }
     if (n && kv->arr_n != n) {
@@ -694,8 +695,8 @@ int tokenizer_load_gguf(tokenizer **out, const gguf_file *g, char *err)
     else if (model.len == 5 && !memcmp(model.ptr, "llama", 5)) spm = 1;
     else
         return fasa_error(err, FASA_EUNSUPPORTED, "'%s': tokenizer.ggml.model '%.*s' is not supported "
-                          "(gpt2: byte-level BPE; llama: SentencePiece BPE)", file, (int)(model.len < 32 ? model.len : 32),
-                          model.ptr);
+                          "(gpt2: byte-level BPE; llama: SentencePiece BPE)", file,
+                          (int)(model.len < 32 ? model.len : 32), model.ptr);
     nv = kt->arr_n;
     if (!gguf_array(g, "tokenizer.ggml.tokens", GGUF_VT_STRING, 0, &rc, file, err))
         return rc;
@@ -749,7 +750,8 @@ int tokenizer_load_gguf(tokenizer **out, const gguf_file *g, char *err)
         t->strip_space = t->prepend;
     }
     if (gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 &&
-        (!(t->chat_template = str_dup(tmpl.ptr, tmpl.len)) || !(t->chat_source = str_dup("tokenizer.chat_template", 23)))) {
+        (!(t->chat_template = str_dup(tmpl.ptr, tmpl.len)) ||
+         !(t->chat_source = str_dup("tokenizer.chat_template", 23)))) {
         tokenizer_free(t);
         *out = NULL;
         return fasa_error(err, FASA_ENOMEM, "'%s': out of memory", file);
@@ -959,8 +961,8 @@ static int spm_normalizer(spm_opts *o, const cJSON *n, const char *path, char *e
     }
     if (!strcmp(type, "Prepend")) {
         if (!(a = jstr(n, "prepend")) || strcmp(a, SPM_SPACE))
-            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': normalizer Prepend(\"%.16s\") is not supported (only \"▁\")",
-                              path, a ? a : "");
+            return fasa_error(err, FASA_EUNSUPPORTED,
+                              "'%s': normalizer Prepend(\"%.16s\") is not supported (only \"▁\")", path, a ? a : "");
         o->prepend = 1;
         return 0;
     }
@@ -968,7 +970,8 @@ static int spm_normalizer(spm_opts *o, const cJSON *n, const char *path, char *e
         a = jstr(jget(n, "pattern"), "String");
         b = jstr(n, "content");
         if (!a || !b || strcmp(a, " ") || strcmp(b, SPM_SPACE))
-            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': normalizer Replace is supported only from \" \" to \"▁\"", path);
+            return fasa_error(err, FASA_EUNSUPPORTED,
+                              "'%s': normalizer Replace is supported only from \" \" to \"▁\"", path);
         o->replace_space = 1;
         return 0;
     }
@@ -1094,13 +1097,15 @@ static int load_config(tokenizer *t, const char *path, char *err)
         else cJSON_ArrayForEach(x, ct)
             if (jstr(x, "template") && (!tmpl || (jstr(x, "name") && !strcmp(jstr(x, "name"), "default"))))
                 tmpl = jstr(x, "template");
-        if (tmpl && tokenizer_set_chat_template(t, tmpl, cpath) < 0) rc = fasa_error(err, FASA_ENOMEM, "'%s': out of memory", cpath);
+        if (tmpl && tokenizer_set_chat_template(t, tmpl, cpath) < 0)
+            rc = fasa_error(err, FASA_ENOMEM, "'%s': out of memory", cpath);
     }
     if (!tmpl && (f = fopen(jpath, "rb"))) {
         size_t n;
         char *text = read_file(jpath, &n, err, &rc);
         fclose(f);
-        if (text && tokenizer_set_chat_template(t, text, jpath) < 0) rc = fasa_error(err, FASA_ENOMEM, "'%s': out of memory", jpath);
+        if (text && tokenizer_set_chat_template(t, text, jpath) < 0)
+            rc = fasa_error(err, FASA_ENOMEM, "'%s': out of memory", jpath);
         free(text);
     }
 out:
@@ -1236,7 +1241,10 @@ static int load_json_root(tokenizer **out, const cJSON *root, const char *path, 
     pp_bos = post_processor(t, jget(root, "post_processor"), &t->add_bos, &t->add_eos);
     if (with_config && (rc = load_config(t, path, err)) < 0) { tokenizer_free(t); return rc; }
     if (t->bos < 0) t->bos = pp_bos;
-    if (!(label = malloc(strlen(path) + 3))) { tokenizer_free(t); return fasa_error(err, FASA_ENOMEM, "out of memory"); }
+    if (!(label = malloc(strlen(path) + 3))) {
+        tokenizer_free(t);
+        return fasa_error(err, FASA_ENOMEM, "'%s': out of memory", path);
+    }
     sprintf(label, "'%s'", path);
     rc = tok_finish(t, label, err);
     free(label);
@@ -1900,7 +1908,8 @@ int tokenizer_chat_detect(const char *tmpl, tokenizer_chat *out)
     if (strstr(tmpl, "<|im_start|>")) out->kind = TOKENIZER_CHAT_CHATML;
     else if (strstr(tmpl, "<|start_header_id|>")) out->kind = TOKENIZER_CHAT_LLAMA3;
     else if (strstr(tmpl, "<start_of_turn>")) out->kind = TOKENIZER_CHAT_GEMMA;
-    else if (strstr(tmpl, "[INST]")) out->kind = strstr(tmpl, "<<SYS>>") ? TOKENIZER_CHAT_LLAMA2 : TOKENIZER_CHAT_MISTRAL;
+    else if (strstr(tmpl, "[INST]") && strstr(tmpl, "<<SYS>>")) out->kind = TOKENIZER_CHAT_LLAMA2;
+    else if (strstr(tmpl, "[INST]")) out->kind = TOKENIZER_CHAT_MISTRAL;
     else return FASA_EUNSUPPORTED;
     snprintf(out->bos_text, sizeof out->bos_text, "%s", bos_of[out->kind]);
     if (out->kind == TOKENIZER_CHAT_MISTRAL) {
@@ -1916,7 +1925,8 @@ int tokenizer_chat_detect(const char *tmpl, tokenizer_chat *out)
             if ((m = strstr(lit, "[INST]"))) out->inst_space = m > lit && m[-1] == ' ';
             if ((m = strstr(lit, "[/INST]"))) out->inst_close_space = m > lit && m[-1] == ' ';
         }
-        if (!*out->system && sys_open[out->kind] && literal_between(lit, sys_open[out->kind], sys_close[out->kind], &a, &n)) {
+        if (!*out->system && sys_open[out->kind] &&
+            literal_between(lit, sys_open[out->kind], sys_close[out->kind], &a, &n)) {
             if (n >= sizeof out->system) { free(lit); return FASA_EUNSUPPORTED; }
             memcpy(out->system, a, n);
             out->system[n] = 0;
@@ -1938,7 +1948,8 @@ int tokenizer_chat_of(const tokenizer *t, tokenizer_chat *out)
         if (tokenizer_find(t, "<|im_start|>") >= 0) out->kind = TOKENIZER_CHAT_CHATML;
         else if (tokenizer_find(t, "<|start_header_id|>") >= 0) out->kind = TOKENIZER_CHAT_LLAMA3, out->bos = 1;
         else if (tokenizer_find(t, "<start_of_turn>") >= 0) out->kind = TOKENIZER_CHAT_GEMMA, out->bos = 1;
-        else if (tokenizer_find(t, "[INST]") >= 0) out->kind = TOKENIZER_CHAT_MISTRAL, out->bos = 1, out->inst_close_space = 1;
+        else if (tokenizer_find(t, "[INST]") >= 0)
+            out->kind = TOKENIZER_CHAT_MISTRAL, out->bos = 1, out->inst_close_space = 1;
         else return FASA_EUNSUPPORTED;
     }
     /* The template writes bos_token: the tokenizer's own. */

@@ -125,7 +125,12 @@ static void chat_record(tokenizer *t, const tokenizer_chat *chat, const char *bu
     char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
     int n = text ? tokenizer_encode_prompt(t, chat, system, user, NULL, 0) : -1;
     int32_t *ids = n >= 0 ? malloc(((size_t)n + 1) * sizeof *ids) : NULL;
-    if (!text || !ids) { printf("ERROR %d\n", need < 0 ? need : n < 0 ? n : FASA_ENOMEM); free(text); free(ids); return; }
+    if (!text || !ids) {
+        printf("ERROR %d\n", need < 0 ? need : n < 0 ? n : FASA_ENOMEM);
+        free(text);
+        free(ids);
+        return;
+    }
     tokenizer_chat_render(chat, system, user, text, (size_t)need + 1);
     put_hex(text, (size_t)need);
     putchar('\t');
@@ -152,7 +157,8 @@ int main(int argc, char **argv)
     else if (argc == 4 && !strcmp(argv[1], "--chat")) chat_file = argv[2];
     else if (argc == 3 && !strcmp(argv[1], "--decode")) decode = 1;
     else if (argc != 2) {
-        fprintf(stderr, "usage: tokenize [--bench FILE | --decode | --chat TEMPLATE] MODEL  (tokenizer.json or GGUF)\n");
+        fprintf(stderr, "usage: tokenize [--bench FILE | --decode | --chat TEMPLATE] MODEL"
+                        "  (tokenizer.json or GGUF)\n");
         return 2;
     }
     if (load_any(&t, argv[argc - 1], err) < 0) {
@@ -162,7 +168,10 @@ int main(int argc, char **argv)
     if (chat_file && strcmp(chat_file, "-")) {
         size_t len;
         char *text = slurp(chat_file, &len);
-        if (!text || !(text = realloc(text, len + 1))) { fprintf(stderr, "tokenize: cannot read '%s'\n", chat_file); return 1; }
+        if (!text || !(text = realloc(text, len + 1))) {
+            fprintf(stderr, "tokenize: cannot read '%s'\n", chat_file);
+            return 1;
+        }
         text[len] = 0;
         rc = tokenizer_set_chat_template(t, text, chat_file);
         free(text);
