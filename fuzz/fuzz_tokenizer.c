@@ -1,12 +1,14 @@
-/* fuzz_tokenizer.c - libFuzzer target for lib/tokenizer.c's tokenizer.json loader.
+/* fuzz_tokenizer.c - libFuzzer target for lib/core/tokenizer.c's loaders and chat templates.
  *
- * Input: tokenizer.json bytes, optionally followed by a NUL and a text to encode (else a fixed
- * short string with digits, an added-token name, non-ASCII and an invalid byte). A tokenizer
- * that loads encodes the text with and without special-token parsing; every id must be in the
- * vocabulary and decode; bos/eos must be ids or -1; and the first ids decode whether or not
- * they have a token.
+ * Input: tokenizer.json bytes, or a GGUF (starting "GGUF": its tokenizer.ggml.* keys), optionally
+ * followed by a NUL and a text to encode (else a fixed short string with digits, an added-token
+ * name, non-ASCII, a "▁" and an invalid byte). A tokenizer that loads encodes the text with and
+ * without special-token parsing; every id must be in the vocabulary and decode, alone and as a
+ * text; bos/eos must be ids or -1; and the first ids decode whether or not they have a token.
+ * The text is also read as a chat template: a recognised one renders, and a prompt encodes.
  */
 #include "fuzz_common.h"
+#include "gguf.h"
 #include "tokenizer.h"
 
 #define MAX_IDS 4096
@@ -27,16 +29,32 @@ static void check_ids(const tokenizer *t, const int32_t *ids, int n, int max)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const char fixed[] = "Hello, world! 12345 <|im_end|><s>  caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xff\n\tend's";
+    static const char fixed[] = "Hello, world! 12345 <|im_end|><s>  caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xff\n\tend's"
+                                "\xe2\x96\x81x [INST]";
     static int32_t ids[MAX_IDS];
     char err[FASA_ERRLEN];
     tokenizer *t = NULL;
     const uint8_t *nul = memchr(data, 0, size);
     size_t jlen = nul ? (size_t)(nul - data) : size;
     char *json = malloc(jlen ? jlen : 1);   /* exactly jlen bytes: ASan sees overreads */
+    int rc;
     FUZZ_CHECK(json);
     memcpy(json, data, jlen);
-    int rc = tokenizer_parse_json(&t, json, jlen, "tokenizer.json", err);
+    if (jlen >= 4 && !memcmp(json, "GGUF", 4)) {
+        /* A GGUF holds NULs: the whole input is the file, the text is the fixed one. */
+        gguf_file g;
+        nul = NULL;
+        jlen = size;
+        free(json);
+        FUZZ_CHECK((json = malloc(size)));
+        memcpy(json, data, size);
+        if (gguf_parse(&g, json, size, err) < 0) { free(json); return 0; }
+        rc = tokenizer_load_gguf(&t, &g, err);
+        gguf_close(&g);
+        if (rc == 0 && !t) rc = -1;
+    } else {
+        rc = tokenizer_parse_json(&t, json, jlen, "tokenizer.json", err);
+    }
     free(json);
     if (rc < 0) {
         FUZZ_CHECK(t == NULL);
@@ -60,6 +78,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int n1 = tokenizer_encode(t, text, tlen, 1, NULL, 0);
     int n2 = tokenizer_encode(t, text, tlen, 1, ids, MAX_IDS);
     FUZZ_CHECK(n1 == n2);
+    if (n2 >= 0 && n2 <= MAX_IDS) {
+        static char out[8 * MAX_IDS];
+        int l1 = tokenizer_decode_text(t, ids, n2, NULL, 0), l2 = tokenizer_decode_text(t, ids, n2, out, sizeof out);
+        FUZZ_CHECK(l1 == l2 && l1 >= 0);
+    }
+
+    /* the text as a chat template (a NUL-terminated copy) */
+    char *tmpl = malloc(tlen + 1);
+    tokenizer_chat chat;
+    FUZZ_CHECK(tmpl);
+    memcpy(tmpl, text, tlen);
+    tmpl[tlen] = 0;
+    if (tokenizer_chat_detect(tmpl, &chat) == 0) {
+        FUZZ_CHECK(strlen(chat.system) < sizeof chat.system && strlen(chat.bos_text) < sizeof chat.bos_text);
+        int need = tokenizer_chat_render(&chat, NULL, "hi", NULL, 0);
+        FUZZ_CHECK(need > 0);
+        FUZZ_CHECK(tokenizer_encode_prompt(t, &chat, NULL, "hi", ids, MAX_IDS) >= 0);
+    }
+    FUZZ_CHECK(tokenizer_set_chat_template(t, tmpl, "fuzz") == 0);
+    if (tokenizer_chat_of(t, &chat) == 0) FUZZ_CHECK(tokenizer_encode_prompt(t, &chat, "sys", "hi", NULL, 0) >= 0);
+    FUZZ_CHECK(tokenizer_encode_prompt(t, NULL, NULL, tmpl, NULL, 0) >= 0);
+    free(tmpl);
 
     char piece[64];
     for (int id = -1; id < nv && id < 512; id++) {

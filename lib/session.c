@@ -334,28 +334,16 @@ int session_prompt_ids(const model *m, const char *text, int chat, const char *s
 {
     *ids = NULL;
     if (!m->tok) return fasa_error(err, FASA_EARG, "'%s' has no tokenizer; give the prompt as token ids", m->path);
-    const int has_chatml = tokenizer_find(m->tok, "<|im_start|>") >= 0;
-    const int has_llama3 = tokenizer_find(m->tok, "<|start_header_id|>") >= 0;
-    if (chat < 0) chat = has_chatml || has_llama3;
-    const char *input = text;
-    char *rendered = NULL;
-    if (chat) {
-        if (!has_chatml && !has_llama3)
-            return fasa_error(err, FASA_EARG, "'%s' has no chat template tokens; use --raw", m->path);
-        const enum tokenizer_chat kind = has_chatml ? TOKENIZER_CHAT_CHATML : TOKENIZER_CHAT_LLAMA3;
-        /* SmolLM2's own template adds this system message when none is given */
-        if (!system && has_chatml && strstr(m->name, "mol"))
-            system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-        const int need = tokenizer_chat_render(kind, system, text, NULL, 0);
-        if (need < 0 || !(rendered = malloc((size_t)need + 1))) return fasa_error(err, FASA_ENOMEM, "out of memory");
-        tokenizer_chat_render(kind, system, text, rendered, need + 1);
-        input = rendered;
-    }
-    const size_t len = strlen(input);
-    const int cap = (int)(3 * len + 16);   /* invalid UTF-8 can give up to 3 ids a byte */
-    int32_t *buf = malloc(sizeof *buf * cap);
-    const int n = buf ? tokenizer_encode(m->tok, input, len, chat, buf, cap) : FASA_ENOMEM;
-    free(rendered);
+    /* the model's own chat template (or, without one, its chat tokens) decides the format */
+    tokenizer_chat fmt;
+    const int has_chat = tokenizer_chat_of(m->tok, &fmt) == 0;
+    if (chat < 0) chat = has_chat;
+    if (chat && !has_chat)
+        return fasa_error(err, FASA_EARG, "'%s' has no chat template fasa knows; use --raw", m->path);
+    const int need = tokenizer_encode_prompt(m->tok, chat ? &fmt : NULL, system, text, NULL, 0);
+    int32_t *buf = need > 0 ? malloc(sizeof *buf * need) : NULL;
+    const int n = need <= 0 ? need : buf ? tokenizer_encode_prompt(m->tok, chat ? &fmt : NULL, system, text, buf, need)
+                                         : FASA_ENOMEM;
     if (n <= 0) {
         free(buf);
         return n == 0 ? fasa_error(err, FASA_EARG, "the prompt is empty")

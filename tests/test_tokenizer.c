@@ -646,34 +646,627 @@ Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
 
 /* ---- chat templates --------------------------------------------------------------------- */
 
-Test(tokenizer, chat_templates)
+static tokenizer_chat chat_kind(enum tokenizer_chat_kind kind, int bos, const char *bos_text)
+{
+    tokenizer_chat c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.bos = bos;
+    c.inst_close_space = 1;
+    snprintf(c.bos_text, sizeof c.bos_text, "%s", bos_text);
+    return c;
+}
+
+Test(tokenizer, chat_render_snprintf)
 {
     char buf[512];
+    tokenizer_chat chatml = chat_kind(TOKENIZER_CHAT_CHATML, 0, "");
     const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
                        "<|im_start|>assistant\n";
-    int n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, "Be brief.", "Hi?", buf, sizeof buf);
+    int n = tokenizer_chat_render(&chatml, "Be brief.", "Hi?", buf, sizeof buf);
     cr_expect_eq(n, (int)strlen(want));
     cr_expect_str_eq(buf, want);
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, sizeof buf);
+    n = tokenizer_chat_render(&chatml, NULL, "Hi?", buf, sizeof buf);
     cr_expect_str_eq(buf, "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n");
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, TOKENIZER_SMOLLM_SYSTEM, "Hi?", buf, sizeof buf);
-    cr_expect(!strncmp(buf, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                            "Hugging Face<|im_end|>\n", 95), "%s", buf);
-
-    n = tokenizer_chat_render(TOKENIZER_CHAT_LLAMA3, " Be brief.\n", "Hi?\n", buf, sizeof buf);
-    want = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-           "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-    cr_expect_str_eq(buf, want);
-    cr_expect_eq(n, (int)strlen(want));
 
     /* snprintf semantics: the needed length, truncated and terminated output */
-    int need = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", NULL, 0);
+    int need = tokenizer_chat_render(&chatml, NULL, "Hi?", NULL, 0);
     cr_expect_eq(need, (int)strlen("<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"));
-    n = tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, "Hi?", buf, 8);
+    n = tokenizer_chat_render(&chatml, NULL, "Hi?", buf, 8);
     cr_expect_eq(n, need);
     cr_expect_str_eq(buf, "<|im_st");
-    cr_expect_lt(tokenizer_chat_render(TOKENIZER_CHAT_CHATML, NULL, NULL, buf, sizeof buf), 0);
-    cr_expect_lt(tokenizer_chat_render((enum tokenizer_chat)7, NULL, "x", buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_chat_render(&chatml, NULL, NULL, buf, sizeof buf), 0);
+    cr_expect_lt(tokenizer_chat_render(NULL, NULL, "x", buf, sizeof buf), 0);
+    tokenizer_chat bad = chat_kind((enum tokenizer_chat_kind)77, 0, "");
+    cr_expect_lt(tokenizer_chat_render(&bad, NULL, "x", buf, sizeof buf), 0);
+}
+
+/* ---- SentencePiece-style BPE ------------------------------------------------------------- */
+
+/* A tiny SentencePiece vocabulary, Llama-2 style: <unk> <s> </s>, the 256 byte tokens, then
+ * pieces with scores. The merges a tokenizer.json needs are every split of a piece into two
+ * pieces, ranked by the piece's score (what transformers' converter writes). */
+#define SPM_BYTE(b) (3 + (b))
+enum { SPM_SP = 259, SPM_A, SPM_B, SPM_C, SPM_AB, SPM_BC, SPM_SP_A, SPM_ABC, SPM_SP_AB, SPM_SP_SP, SPM_E_ACUTE,
+       SPM_INST, SPM_U, SPM_N };
+
+typedef struct spm_fixture {
+    const char *tok[SPM_N];
+    char bytes[256][8];
+    float score[SPM_N];
+    int32_t type[SPM_N];
+} spm_fixture;
+
+static void spm_make(spm_fixture *f)
+{
+    static const struct { const char *s; float score; int32_t type; } pieces[] = {
+        { "\xE2\x96\x81", -10, 1 }, { "a", -11, 1 }, { "b", -12, 1 }, { "c", -13, 1 }, { "ab", -1, 1 }, { "bc", -2, 1 },
+        { "\xE2\x96\x81" "a", -3, 1 }, { "abc", -4, 1 }, { "\xE2\x96\x81" "ab", -5, 1 },
+        { "\xE2\x96\x81\xE2\x96\x81", -6, 1 }, { "\xC3\xA9", -14, 1 }, { "[INST]", 0, 3 }, { "<u>", 0, 4 },
+    };
+    memset(f, 0, sizeof *f);
+    f->tok[0] = "<unk>", f->type[0] = 2;
+    f->tok[1] = "<s>", f->type[1] = 3;
+    f->tok[2] = "</s>", f->type[2] = 3;
+    for (int b = 0; b < 256; b++) {
+        snprintf(f->bytes[b], sizeof f->bytes[b], "<0x%02X>", b);
+        f->tok[SPM_BYTE(b)] = f->bytes[b];
+        f->type[SPM_BYTE(b)] = 6;
+    }
+    for (int i = 0; i < SPM_N - SPM_SP; i++) {
+        f->tok[SPM_SP + i] = pieces[i].s;
+        f->score[SPM_SP + i] = pieces[i].score;
+        f->type[SPM_SP + i] = pieces[i].type;
+    }
+}
+
+/* The fixture as a GGUF in memory, through the real loader. */
+static tokenizer *spm_gguf(const spm_fixture *f, int add_space_prefix, const char *chat_template)
+{
+    char err[FASA_ERRLEN] = "";
+    gguf_writer *w = gguf_writer_new();
+    gguf_file g;
+    uint8_t *buf;
+    size_t len;
+    tokenizer *t = NULL;
+    gguf_w_str(w, "general.architecture", "llama");
+    gguf_w_str(w, "tokenizer.ggml.model", "llama");
+    gguf_w_str(w, "tokenizer.ggml.pre", "default");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", f->tok, SPM_N);
+    gguf_w_arr_f32(w, "tokenizer.ggml.scores", f->score, SPM_N);
+    gguf_w_arr_i32(w, "tokenizer.ggml.token_type", f->type, SPM_N);
+    gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    gguf_w_bool(w, "tokenizer.ggml.add_space_prefix", add_space_prefix);
+    if (chat_template) gguf_w_str(w, "tokenizer.chat_template", chat_template);
+    cr_assert_eq(gguf_writer_bytes(w, &buf, &len, err), 0, "%s", err);
+    gguf_writer_free(w);
+    cr_assert_eq(gguf_parse(&g, buf, len, err), 0, "%s", err);
+    cr_assert_eq(tokenizer_load_gguf(&t, &g, err), 0, "%s", err);
+    cr_assert_not_null(t);
+    gguf_close(&g);
+    free(buf);
+    return t;
+}
+
+/* A JSON string literal of s (the fixture's strings need only '"' and '\\' escaped). */
+static size_t json_str(char *o, const char *s)
+{
+    size_t n = 0;
+    o[n++] = '"';
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') o[n++] = '\\';
+        o[n++] = *s;
+    }
+    o[n++] = '"';
+    return n;
+}
+
+/* The fixture as a tokenizer.json: normalizer, pre_tokenizer and decoder as given; merges
+ * every split of a piece, by descending score; skip_byte (-1: none) leaves one byte token out. */
+static char *spm_json(const spm_fixture *f, const char *normalizer, const char *pre, const char *decoder, int skip_byte)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    int order[SPM_N], n_order = 0;
+    n += (size_t)snprintf(s + n, cap - n, "{\"version\":\"1.0\",\"added_tokens\":[");
+    for (int i = 0, first = 1; i < SPM_N; i++) {
+        if (f->type[i] != 2 && f->type[i] != 3 && f->type[i] != 4) continue;
+        n += (size_t)snprintf(s + n, cap - n, "%s{\"id\":%d,\"content\":", first ? "" : ",", i);
+        n += json_str(s + n, f->tok[i]);
+        n += (size_t)snprintf(s + n, cap - n, ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"
+                              "\"normalized\":false,\"special\":%s}", f->type[i] == 4 ? "false" : "true");
+        first = 0;
+    }
+    n += (size_t)snprintf(s + n, cap - n, "],\"normalizer\":%s,\"pre_tokenizer\":%s,\"post_processor\":"
+                          "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
+                          "{\"id\":\"<s>\",\"type_id\":0}},"
+                          "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":{\"<s>\":"
+                          "{\"id\":\"<s>\",\"ids\":[1],\"tokens\":[\"<s>\"]}}},\"decoder\":%s,"
+                          "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"fuse_unk\":true,"
+                          "\"byte_fallback\":true,\"ignore_merges\":false,\"vocab\":{",
+                          normalizer, pre, decoder);
+    for (int i = 0, first = 1; i < SPM_N; i++) {
+        if (i == SPM_BYTE(skip_byte) && skip_byte >= 0) continue;
+        n += (size_t)snprintf(s + n, cap - n, "%s", first ? "" : ",");
+        n += json_str(s + n, f->tok[i]);
+        n += (size_t)snprintf(s + n, cap - n, ":%d", i);
+        first = 0;
+    }
+    n += (size_t)snprintf(s + n, cap - n, "},\"merges\":[");
+    for (int i = SPM_SP; i < SPM_N; i++) if (f->type[i] == 1) order[n_order++] = i;
+    for (int a = 0; a < n_order; a++)            /* by score, descending (insertion sort) */
+        for (int b = a; b > 0 && f->score[order[b]] > f->score[order[b - 1]]; b--) {
+            int x = order[b]; order[b] = order[b - 1]; order[b - 1] = x;
+        }
+    for (int k = 0, first = 1; k < n_order; k++) {
+        const char *p = f->tok[order[k]];
+        for (size_t cut = 1; cut < strlen(p); cut++) {
+            char l[32], r[32];
+            int li = -1, ri = -1;
+            snprintf(l, sizeof l, "%.*s", (int)cut, p);
+            snprintf(r, sizeof r, "%s", p + cut);
+            for (int i = SPM_SP; i < SPM_N; i++) {
+                if (f->type[i] == 1 && !strcmp(f->tok[i], l)) li = i;
+                if (f->type[i] == 1 && !strcmp(f->tok[i], r)) ri = i;
+            }
+            if (li < 0 || ri < 0) continue;
+            n += (size_t)snprintf(s + n, cap - n, "%s[", first ? "" : ",");
+            n += json_str(s + n, l);
+            s[n++] = ',';
+            n += json_str(s + n, r);
+            s[n++] = ']';
+            first = 0;
+        }
+    }
+    n += (size_t)snprintf(s + n, cap - n, "]}}");
+    cr_assert_lt(n, cap);
+    return s;
+}
+
+#define SPM_LEGACY_NORM "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xE2\x96\x81\"}," \
+                        "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"}]}"
+#define SPM_LEGACY_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":" \
+                       "{\"String\":\"\xE2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"}," \
+                       "{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \",\"start\":1,\"stop\":0}]}"
+#define SPM_META(scheme, split) "{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\"," \
+                                "\"prepend_scheme\":\"" scheme "\",\"split\":" split "}"
+#define SPM_GEMMA_NORM "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"}"
+#define SPM_GEMMA_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":" \
+                      "{\"String\":\"\xE2\x96\x81\"},\"content\":\" \"},{\"type\":\"ByteFallback\"}," \
+                      "{\"type\":\"Fuse\"}]}"
+
+static tokenizer *spm_load_json(const char *json)
+{
+    char err[FASA_ERRLEN] = "";
+    tokenizer *t = NULL;
+    cr_assert_eq(tokenizer_parse_json(&t, json, strlen(json), "spm.json", err), 0, "%s", err);
+    cr_assert_eq(tokenizer_type(t), TOKENIZER_SPM);
+    return t;
+}
+
+/* Ids worked out by hand from the scores (GGUF, llama.cpp's rule) and from the merge ranks
+ * (tokenizer.json, `tokenizers`' rule); the two agree on this vocabulary except where a
+ * tokenizer.json's pre-tokenizer differs. */
+Test(tokenizer, spm_ids_by_hand)
+{
+    spm_fixture f;
+    spm_make(&f);
+    char *legacy = spm_json(&f, SPM_LEGACY_NORM, "null", SPM_LEGACY_DEC, -1);
+    tokenizer *ts[2] = { spm_gguf(&f, 1, NULL), spm_load_json(legacy) };
+    for (int k = 0; k < 2; k++) {
+        tokenizer *t = ts[k];
+        cr_expect_eq(tokenizer_bos(t), 1, "%d", k);
+        cr_expect_eq(tokenizer_add_bos(t), 1, "%d", k);
+        /* "▁abc": ab (-1) first, then abc (-4) beats ▁ab (-5) */
+        expect_ids(t, "abc", 1, IDS(SPM_SP, SPM_ABC));
+        /* "▁a▁▁b": ▁a, then ▁▁; ▁b is no piece */
+        expect_ids(t, "a  b", 1, IDS(SPM_SP_A, SPM_SP_SP, SPM_B));
+        /* x has no piece: <0x78>; é is one; € is three bytes */
+        expect_ids(t, "x\xC3\xA9\xE2\x82\xAC", 1, IDS(SPM_SP, SPM_BYTE('x'), SPM_E_ACUTE, SPM_BYTE(0xE2),
+                                                       SPM_BYTE(0x82), SPM_BYTE(0xAC)));
+        /* a special token splits; the piece after it gets its own prefix, as llama.cpp does */
+        expect_ids(t, "<s>abc", 1, IDS(1, SPM_SP, SPM_ABC));
+        expect_ids(t, "<s>abc", 0, IDS(SPM_SP, SPM_BYTE('<'), SPM_BYTE('s'), SPM_BYTE('>'), SPM_ABC));
+        expect_ids(t, "[INST] abc", 1, IDS(SPM_INST, SPM_SP_SP, SPM_ABC));
+        /* a user-defined token splits whatever parse_special says */
+        expect_ids(t, "a<u>b", 0, IDS(SPM_SP_A, SPM_U, SPM_SP, SPM_B));
+        expect_ids(t, "a<u>b", 1, IDS(SPM_SP_A, SPM_U, SPM_SP, SPM_B));
+        expect_ids(t, "\n", 1, IDS(SPM_SP, SPM_BYTE('\n')));
+        expect_ids(t, " ", 1, IDS(SPM_SP_SP));
+        expect_ids(t, "", 1, NULL, 0);
+        tokenizer_free(t);
+    }
+    free(legacy);
+
+    /* Metaspace: first only at the text's start (and not over a "▁" already there); split makes
+     * words of "▁a", "▁", "▁b". always: after a special token too. */
+    char *first = spm_json(&f, "null", SPM_META("first", "true"), SPM_META("first", "true"), -1);
+    char *always = spm_json(&f, "null", SPM_META("always", "false"), SPM_META("always", "false"), -1);
+    char *gemma = spm_json(&f, SPM_GEMMA_NORM, "null", SPM_GEMMA_DEC, -1);
+    tokenizer *t = spm_load_json(first);
+    expect_ids(t, "a  b", 1, IDS(SPM_SP_A, SPM_SP, SPM_SP, SPM_B));
+    expect_ids(t, "<s>abc", 1, IDS(1, SPM_ABC));
+    expect_ids(t, "[INST] abc", 1, IDS(SPM_INST, SPM_SP, SPM_ABC));
+    expect_ids(t, " abc", 1, IDS(SPM_SP, SPM_ABC));
+    tokenizer_free(t);
+    t = spm_load_json(always);
+    expect_ids(t, "a  b", 1, IDS(SPM_SP_A, SPM_SP_SP, SPM_B));
+    expect_ids(t, "<s>abc", 1, IDS(1, SPM_SP, SPM_ABC));
+    tokenizer_free(t);
+    /* Gemma: spaces only, no prefix */
+    t = spm_load_json(gemma);
+    expect_ids(t, "a b", 1, IDS(SPM_A, SPM_SP, SPM_B));
+    expect_ids(t, "abc", 1, IDS(SPM_ABC));
+    tokenizer_free(t);
+    t = spm_gguf(&f, 0, NULL);                 /* a GGUF without add_space_prefix: the same */
+    expect_ids(t, "a b", 1, IDS(SPM_A, SPM_SP, SPM_B));
+    tokenizer_free(t);
+    free(first); free(always); free(gemma);
+}
+
+/* From a GGUF, equal scores merge leftmost first (llama.cpp's queue); "abc" is no token here. */
+Test(tokenizer, spm_score_ties_leftmost)
+{
+    spm_fixture f;
+    spm_make(&f);
+    f.tok[SPM_ABC] = "xyz";
+    f.score[SPM_AB] = f.score[SPM_BC] = -1;
+    tokenizer *t = spm_gguf(&f, 0, NULL);
+    expect_ids(t, "abc", 1, IDS(SPM_AB, SPM_C));
+    expect_ids(t, "cabc", 1, IDS(SPM_C, SPM_AB, SPM_C));
+    tokenizer_free(t);
+    f.score[SPM_BC] = -0.5f;
+    t = spm_gguf(&f, 0, NULL);
+    expect_ids(t, "abc", 1, IDS(SPM_A, SPM_BC));
+    tokenizer_free(t);
+}
+
+Test(tokenizer, spm_decode)
+{
+    spm_fixture f;
+    spm_make(&f);
+    char *gemma = spm_json(&f, SPM_GEMMA_NORM, "null", SPM_GEMMA_DEC, -1);
+    tokenizer *t = spm_gguf(&f, 1, NULL), *g = spm_load_json(gemma);
+    char buf[64];
+    cr_expect_eq(tokenizer_decode(t, SPM_SP_A, buf, sizeof buf), 2);
+    cr_expect(!memcmp(buf, " a", 2));
+    cr_expect_eq(tokenizer_decode(t, SPM_SP_SP, buf, sizeof buf), 2);
+    cr_expect(!memcmp(buf, "  ", 2));
+    cr_expect_eq(tokenizer_decode(t, SPM_BYTE(0xE2), buf, sizeof buf), 1);
+    cr_expect_eq((uint8_t)buf[0], 0xE2);
+    cr_expect_eq(tokenizer_decode(t, 1, buf, sizeof buf), 3);
+    cr_expect(!memcmp(buf, "<s>", 3));
+    cr_expect_eq(tokenizer_decode(t, SPM_INST, buf, sizeof buf), 6);
+    cr_expect(tokenizer_is_special(t, 0) && tokenizer_is_special(t, 1) && !tokenizer_is_special(t, SPM_U));
+    /* bytes reassemble; the prefix space goes (add_space_prefix), but not Gemma's */
+    static const int32_t ids[] = { SPM_SP, SPM_BYTE('x'), SPM_E_ACUTE, SPM_BYTE(0xE2), SPM_BYTE(0x82), SPM_BYTE(0xAC) };
+    int n = tokenizer_decode_text(t, ids, 6, buf, sizeof buf);
+    cr_expect(n == 6 && !memcmp(buf, "x\xC3\xA9\xE2\x82\xAC", 6), "%d", n);
+    n = tokenizer_decode_text(g, ids, 6, buf, sizeof buf);
+    cr_expect(n == 7 && !memcmp(buf, " x\xC3\xA9\xE2\x82\xAC", 7), "%d", n);
+    /* snprintf-like: the full length, a prefix written */
+    cr_expect_eq(tokenizer_decode_text(t, ids, 6, buf, 2), 6);
+    cr_expect(!memcmp(buf, "x\xC3", 2));
+    cr_expect_eq(tokenizer_decode_text(t, ids, 6, NULL, 0), 6);
+    static const int32_t sp[] = { SPM_SP_SP, SPM_SP_A };
+    cr_expect_eq(tokenizer_decode_text(t, sp, 2, buf, sizeof buf), 3);   /* "   a" less one */
+    cr_expect_lt(tokenizer_decode_text(t, (const int32_t[]){ 99999 }, 1, buf, sizeof buf), 0);
+    tokenizer_free(t);
+    tokenizer_free(g);
+    free(gemma);
+}
+
+/* Random UTF-8 (characters with and without pieces, bytes needing fallback, runs of spaces,
+ * newlines, 4-byte characters) decodes back to itself through every SentencePiece variant whose
+ * prefix is reversible. */
+Test(tokenizer, spm_round_trip_random)
+{
+    static const char *const alphabet[] = { "a", "b", "c", "ab", " ", "  ", "\n", "\t", "\xC3\xA9", "x", "Z", "0",
+                                            "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xE4\xB8\xAD", "\xE2\x96\x81",
+                                            "<", "s>", "\x7F", "\x01", "\xEF\xBF\xBD" };
+    spm_fixture f;
+    spm_make(&f);
+    char *legacy = spm_json(&f, SPM_LEGACY_NORM, "null", SPM_LEGACY_DEC, -1);
+    char *first = spm_json(&f, "null", SPM_META("first", "true"), SPM_META("first", "true"), -1);
+    char *gemma = spm_json(&f, SPM_GEMMA_NORM, "null", SPM_GEMMA_DEC, -1);
+    tokenizer *ts[5] = { spm_gguf(&f, 1, NULL), spm_gguf(&f, 0, NULL), spm_load_json(legacy), spm_load_json(first),
+                         spm_load_json(gemma) };
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    char text[512], out[2048];
+    int32_t ids[4096];
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t len = 0;
+        int parts = (int)(r % 40);
+        for (int p = 0; p < parts; p++) {
+            r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+            const char *a = alphabet[r % (sizeof alphabet / sizeof *alphabet)];
+            memcpy(text + len, a, strlen(a));
+            len += strlen(a);
+        }
+        r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+        for (int k = 0; k < 5; k++) {
+            /* Metaspace "first" does not prefix a text that starts with a space (or "▁"), but its
+             * decoder still drops one: such texts lose that space, as in `tokenizers` */
+            if (k == 3 && len && (text[0] == ' ' || (len >= 3 && !memcmp(text, "\xE2\x96\x81", 3)))) continue;
+            int n = tokenizer_encode(ts[k], text, len, 0, ids, 4096);
+            cr_assert_geq(n, 0);
+            cr_assert_leq((size_t)n, 5 * len + 3);
+            int m = tokenizer_decode_text(ts[k], ids, n, out, sizeof out);
+            /* U+2581 in the text comes back as a space: the one lossy character */
+            char want[512];
+            size_t w = 0;
+            for (size_t i = 0; i < len; i++) {
+                if (i + 3 <= len && !memcmp(text + i, "\xE2\x96\x81", 3)) { want[w++] = ' '; i += 2; }
+                else want[w++] = text[i];
+            }
+            cr_assert(m == (int)w && !memcmp(out, want, w), "tokenizer %d, iter %d: '%.*s' -> '%.*s'", k, iter,
+                      (int)len, text, m, out);
+        }
+    }
+    for (int k = 0; k < 5; k++) tokenizer_free(ts[k]);
+    free(legacy); free(first); free(gemma);
+}
+
+Test(tokenizer, spm_errors, .init = tmp_setup, .fini = tmp_teardown)
+{
+    spm_fixture f;
+    spm_make(&f);
+    char *no_nl = spm_json(&f, SPM_LEGACY_NORM, "null", SPM_LEGACY_DEC, '\n');
+    char *bad_norm = spm_json(&f, "{\"type\":\"NFKC\"}", SPM_META("first", "false"), "null", -1);
+    char *bad_pre = spm_json(&f, "null", "{\"type\":\"ByteLevel\"}", "null", -1);
+    char *bad_meta = spm_json(&f, "null", SPM_META("sometimes", "false"), "null", -1);
+    static const struct { const char *needle; } want[] = {
+        { "'%s': byte_fallback needs the 256 byte tokens <0x00>..<0xFF>; <0x0A> is missing" },
+        { "normalizer NFKC is not supported" },
+        { "pre_tokenizer ByteLevel is not supported for SentencePiece" },
+        { "prepend_scheme 'sometimes'" },
+    };
+    const char *texts[] = { no_nl, bad_norm, bad_pre, bad_meta };
+    for (size_t i = 0; i < 4; i++) {
+        char err[FASA_ERRLEN] = "", needle[512];
+        tokenizer *t = (tokenizer *)1;
+        const char *p = write_tmp("tokenizer.json", texts[i]);
+        snprintf(needle, sizeof needle, want[i].needle, p);
+        cr_expect_lt(tokenizer_load_json(&t, p, err), 0, "case %zu loaded", i);
+        cr_expect_null(t);
+        cr_expect(strstr(err, p) && strstr(err, needle), "case %zu: want '%s' in: %s", i, needle, err);
+    }
+    free(no_nl); free(bad_norm); free(bad_pre); free(bad_meta);
+
+    /* GGUF: a missing byte token, an unknown model, scores of the wrong length */
+    char err[FASA_ERRLEN] = "";
+    f.tok[SPM_BYTE(0x41)] = "A";
+    gguf_writer *w = gguf_writer_new();
+    gguf_file g;
+    uint8_t *buf;
+    size_t len;
+    tokenizer *t = NULL;
+    gguf_w_str(w, "tokenizer.ggml.model", "llama");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", f.tok, SPM_N);
+    gguf_w_arr_f32(w, "tokenizer.ggml.scores", f.score, SPM_N - 1);
+    cr_assert_eq(gguf_writer_bytes(w, &buf, &len, err), 0, "%s", err);
+    gguf_writer_free(w);
+    cr_assert_eq(gguf_parse(&g, buf, len, err), 0, "%s", err);
+    cr_expect_eq(tokenizer_load_gguf(&t, &g, err), FASA_EFORMAT);
+    cr_expect(strstr(err, "tokenizer.ggml.scores has 271 entries for 272 tokens"), "%s", err);
+    gguf_close(&g);
+    free(buf);
+    w = gguf_writer_new();
+    gguf_w_str(w, "tokenizer.ggml.model", "llama");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", f.tok, SPM_N);
+    cr_assert_eq(gguf_writer_bytes(w, &buf, &len, err), 0, "%s", err);
+    gguf_writer_free(w);
+    cr_assert_eq(gguf_parse(&g, buf, len, err), 0, "%s", err);
+    cr_expect_eq(tokenizer_load_gguf(&t, &g, err), FASA_EFORMAT);
+    cr_expect(strstr(err, "byte_fallback needs the 256 byte tokens <0x00>..<0xFF>; <0x41> is missing"), "%s", err);
+    gguf_close(&g);
+    free(buf);
+    w = gguf_writer_new();
+    gguf_w_str(w, "tokenizer.ggml.model", "bert");
+    gguf_w_arr_str(w, "tokenizer.ggml.tokens", f.tok, SPM_N);
+    cr_assert_eq(gguf_writer_bytes(w, &buf, &len, err), 0, "%s", err);
+    gguf_writer_free(w);
+    cr_assert_eq(gguf_parse(&g, buf, len, err), 0, "%s", err);
+    cr_expect_eq(tokenizer_load_gguf(&t, &g, err), FASA_EUNSUPPORTED);
+    cr_expect(strstr(err, "tokenizer.ggml.model 'bert' is not supported"), "%s", err);
+    cr_expect_null(t);
+    gguf_close(&g);
+    free(buf);
+}
+
+/* ---- chat templates --------------------------------------------------------------------- */
+
+/* Real templates, as their models ship them (tokenizer_config.json / GGUF). */
+static const char TMPL_SMOLLM2[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+    "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}";
+static const char TMPL_QWEN25[] =
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n"
+    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\" }}\n"
+    "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
+static const char TMPL_LLAMA3[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+static const char TMPL_GEMMA3[] =
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n";
+static const char TMPL_MISTRAL01[] =
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+    "'assistant' %}{{ message['content'] + eos_token + ' ' }}{% else %}{{ raise_exception('Only user and assistant "
+    "roles are supported!') }}{% endif %}{% endfor %}";
+static const char TMPL_MISTRAL03[] =
+    "{%- if messages[0][\"role\"] == \"system\" %}\n    {%- set system_message = messages[0][\"content\"] %}\n"
+    "    {%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif %}\n"
+    "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
+    "        {%- if loop.last and system_message is defined %}\n"
+    "            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
+    "        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif %}\n"
+    "    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"] + eos_token}}\n"
+    "    {%- endif %}\n{%- endfor %}\n";
+static const char TMPL_LLAMA2[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+    "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}{% if loop.index0 == 0 and system_message != false %}{% set content = "
+    "'<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = "
+    "message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + "
+    "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}";
+
+/* Each template, recognised and rendered for a fixed conversation: the exact text the template
+ * gives (worked out from its rules; scripts/tokenizer_check.py --chat checks the same templates
+ * against transformers' apply_chat_template). The user message has spaces round it, which some
+ * templates trim. */
+Test(tokenizer, chat_templates_render)
+{
+    static const struct {
+        const char *name, *tmpl;
+        enum tokenizer_chat_kind kind;
+        const char *with_system, *without_system;
+    } cases[] = {
+        { "smollm2", TMPL_SMOLLM2, TOKENIZER_CHAT_CHATML,
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi there! <|im_end|>\n<|im_start|>assistant\n",
+          "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+          "<|im_start|>user\n Hi there! <|im_end|>\n<|im_start|>assistant\n" },
+        { "qwen2.5", TMPL_QWEN25, TOKENIZER_CHAT_CHATML,
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi there! <|im_end|>\n<|im_start|>assistant\n",
+          "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+          "<|im_start|>user\n Hi there! <|im_end|>\n<|im_start|>assistant\n" },
+        { "llama3", TMPL_LLAMA3, TOKENIZER_CHAT_LLAMA3,
+          "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+          "<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+          "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>assistant"
+          "<|end_header_id|>\n\n" },
+        { "gemma3", TMPL_GEMMA3, TOKENIZER_CHAT_GEMMA,
+          "<bos><start_of_turn>user\nBe brief.\n\nHi there!<end_of_turn>\n<start_of_turn>model\n",
+          "<bos><start_of_turn>user\nHi there!<end_of_turn>\n<start_of_turn>model\n" },
+        { "mistral-v0.1", TMPL_MISTRAL01, TOKENIZER_CHAT_MISTRAL,
+          "<s>[INST] Be brief.\n\n Hi there!  [/INST]", "<s>[INST]  Hi there!  [/INST]" },
+        { "mistral-v0.3", TMPL_MISTRAL03, TOKENIZER_CHAT_MISTRAL,
+          "<s>[INST] Be brief.\n\n Hi there! [/INST]", "<s>[INST]  Hi there! [/INST]" },
+        { "llama2", TMPL_LLAMA2, TOKENIZER_CHAT_LLAMA2,
+          "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n Hi there! [/INST]", "<s>[INST] Hi there! [/INST]" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tokenizer_chat c;
+        char buf[1024];
+        cr_assert_eq(tokenizer_chat_detect(cases[i].tmpl, &c), 0, "%s", cases[i].name);
+        cr_expect_eq(c.kind, cases[i].kind, "%s", cases[i].name);
+        int n = tokenizer_chat_render(&c, "Be brief.", " Hi there! ", buf, sizeof buf);
+        cr_expect_str_eq(buf, cases[i].with_system, "%s", cases[i].name);
+        cr_expect_eq(n, (int)strlen(buf));
+        tokenizer_chat_render(&c, NULL, " Hi there! ", buf, sizeof buf);
+        cr_expect_str_eq(buf, cases[i].without_system, "%s", cases[i].name);
+    }
+    tokenizer_chat c;
+    cr_expect_eq(tokenizer_chat_detect(TMPL_SMOLLM2, &c), 0);
+    cr_expect_str_eq(c.system, TOKENIZER_SMOLLM_SYSTEM);
+    cr_expect_eq(tokenizer_chat_detect("{{ messages }}", &c), FASA_EUNSUPPORTED);
+    cr_expect_eq(tokenizer_chat_detect(NULL, &c), FASA_EARG);
+    /* bos_token inside a string literal or as part of a longer name does not count */
+    cr_expect_eq(tokenizer_chat_detect("{{ '[INST] bos_token' + my_bos_token }}", &c), 0);
+    cr_expect_eq(c.bos, 0);
+}
+
+/* The format follows the tokenizer's template, or its special tokens when it has none; the
+ * prompt ids are the rendered text's, BOS included once. */
+Test(tokenizer, chat_of_tokenizer_and_prompt_ids, .init = tmp_setup, .fini = tmp_teardown)
+{
+    spm_fixture f;
+    spm_make(&f);
+    tokenizer_chat c;
+    int32_t ids[64];
+    tokenizer *t = spm_gguf(&f, 1, TMPL_MISTRAL01);
+    cr_expect_str_eq(tokenizer_chat_template(t), TMPL_MISTRAL01);
+    cr_expect_str_eq(tokenizer_chat_template_source(t), "tokenizer.chat_template");
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect(c.kind == TOKENIZER_CHAT_MISTRAL && c.bos && !strcmp(c.bos_text, "<s>"));
+    /* "<s>[INST] abc [/INST]": <s>, [INST], then " abc [/INST]" with llama.cpp's prefix */
+    int n = tokenizer_encode_prompt(t, &c, NULL, "abc", ids, 64);
+    static const int32_t want[] = { 1, SPM_INST, SPM_SP_SP, SPM_ABC, SPM_SP, SPM_BYTE('['), SPM_BYTE('/'),
+                                    SPM_BYTE('I'), SPM_BYTE('N'), SPM_BYTE('S'), SPM_BYTE('T'), SPM_BYTE(']') };
+    cr_expect(n == 12 && !memcmp(ids, want, sizeof want), "%d", n);
+    /* raw: BOS first (add_bos_token), then the text */
+    n = tokenizer_encode_prompt(t, NULL, NULL, "abc", ids, 64);
+    cr_expect(n == 3 && ids[0] == 1 && ids[1] == SPM_SP && ids[2] == SPM_ABC, "%d", n);
+    cr_expect_eq(tokenizer_encode_prompt(t, NULL, NULL, "abc", NULL, 0), 3);
+    cr_expect_eq(tokenizer_encode_prompt(t, NULL, NULL, "abc", ids, 1), 3);
+    cr_expect_eq(ids[0], 1);
+    /* no template: the special tokens decide ([INST]: Mistral) */
+    cr_expect_eq(tokenizer_set_chat_template(t, NULL, NULL), 0);
+    cr_expect_null(tokenizer_chat_template(t));
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect_eq(c.kind, TOKENIZER_CHAT_MISTRAL);
+    /* a template of no known kind is not overridden by the tokens */
+    cr_expect_eq(tokenizer_set_chat_template(t, "{{ messages[0]['content'] }}", "test"), 0);
+    cr_expect_eq(tokenizer_chat_of(t, &c), FASA_EUNSUPPORTED);
+    tokenizer_free(t);
+
+    /* tokenizer.json: tokenizer_config.json's chat_template (a string, or a named list), else
+     * chat_template.jinja */
+    char *legacy = spm_json(&f, SPM_LEGACY_NORM, "null", SPM_LEGACY_DEC, -1), err[FASA_ERRLEN] = "", p[256];
+    snprintf(p, sizeof p, "%s", write_tmp("tokenizer.json", legacy));
+    write_tmp("chat_template.jinja", TMPL_LLAMA2);
+    cr_assert_eq(tokenizer_load_json(&t, p, err), 0, "%s", err);
+    cr_expect_str_eq(tokenizer_chat_template(t), TMPL_LLAMA2);
+    cr_expect(strstr(tokenizer_chat_template_source(t), "chat_template.jinja") != NULL);
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect_eq(c.kind, TOKENIZER_CHAT_LLAMA2);
+    tokenizer_free(t);
+    write_tmp("tokenizer_config.json", "{\"add_bos_token\":false,\"chat_template\":[{\"name\":\"tool_use\","
+              "\"template\":\"{{ '<|im_start|>' }}\"},{\"name\":\"default\",\"template\":"
+              "\"{{ bos_token }}<start_of_turn>\"}]}");
+    cr_assert_eq(tokenizer_load_json(&t, p, err), 0, "%s", err);
+    cr_expect_str_eq(tokenizer_chat_template(t), "{{ bos_token }}<start_of_turn>");
+    cr_expect(strstr(tokenizer_chat_template_source(t), "tokenizer_config.json") != NULL);
+    cr_expect_eq(tokenizer_add_bos(t), 0);
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect(c.kind == TOKENIZER_CHAT_GEMMA && c.bos && !strcmp(c.bos_text, "<s>"));
+    tokenizer_free(t);
+    free(legacy);
+
+    /* byte-level, no template: <|im_start|> makes ChatML */
+    static const char *const extra[] = { "<|im_start|>", "<|im_end|>", NULL };
+    static const int32_t types[] = { 3, 3 };
+    vocab v;
+    vocab_make(&v, extra, types, NULL);
+    t = vocab_load(&v, "smollm");
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect(c.kind == TOKENIZER_CHAT_CHATML && !c.bos && !*c.system);
+    cr_expect_eq(tokenizer_add_bos(t), 0);
+    n = tokenizer_encode_prompt(t, &c, "S", "U", ids, 64);
+    int32_t want2[64];
+    const char *text = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n";
+    int n2 = tokenizer_encode(t, text, strlen(text), 1, want2, 64);
+    cr_expect(n == n2 && n2 == 31 && !memcmp(ids, want2, sizeof *ids * (size_t)n), "%d %d", n, n2);
+    cr_expect(ids[0] == 256 && ids[n - 1] == '\n');
+    tokenizer_free(t);
+    vocab_free(&v);
 }
 
 /* ---- the real SmolLM2 vocabulary -------------------------------------------------------- */

@@ -421,51 +421,8 @@ static int open_gguf(model *m, char *err)
     if (rc < 0) { free(g); m->file = NULL; return rc; }
     if ((rc = config_from_gguf(m, err)) < 0) return rc;
 
-    /* Tokenizer from tokenizer.ggml.* arrays. */
-    const gguf_kv *kt = gguf_find_kv(g, "tokenizer.ggml.tokens");
-    const gguf_kv *km = gguf_find_kv(g, "tokenizer.ggml.merges");
-    const gguf_kv *ky = gguf_find_kv(g, "tokenizer.ggml.token_type");
-    gguf_str model_name, pre = { "default", 7 };
-    if (!kt || kt->type != GGUF_VT_ARRAY || kt->arr_type != GGUF_VT_STRING)
-        return 0;   /* no tokenizer: fine for ids-only use; model->tok stays NULL */
-    if (gguf_get_str(g, "tokenizer.ggml.model", &model_name) < 0 || model_name.len != 4 ||
-        memcmp(model_name.ptr, "gpt2", 4))
-        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': only byte-level BPE tokenizers (gpt2) are supported", m->path);
-    gguf_get_str(g, "tokenizer.ggml.pre", &pre);
-    uint64_t nv = kt->arr_n, nm = km && km->type == GGUF_VT_ARRAY && km->arr_type == GGUF_VT_STRING ? km->arr_n : 0;
-    if (nv > (1u << 24) || nm > (1u << 24))
-        return fasa_error(err, FASA_EFORMAT, "'%s': tokenizer arrays are too large", m->path);
-    gguf_str *ts = calloc(nv + nm + 1, sizeof *ts);
-    const char **ptrs = calloc(nv + nm + 1, sizeof *ptrs);
-    uint64_t *lens = calloc(nv + nm + 1, sizeof *lens);
-    int32_t *types = ky && ky->type == GGUF_VT_ARRAY && ky->arr_n == nv ? calloc(nv + 1, sizeof *types) : NULL;
-    char prebuf[64];
-    snprintf(prebuf, sizeof prebuf, "%.*s", (int)(pre.len < 63 ? pre.len : 63), pre.ptr);
-    if (!ts || !ptrs || !lens) rc = fasa_error(err, FASA_ENOMEM, "out of memory");
-    else if (gguf_arr_strs(kt, ts) < 0 || (nm && gguf_arr_strs(km, ts + nv) < 0) ||
-             (types && gguf_arr_i32(ky, types) < 0))
-        rc = fasa_error(err, FASA_EFORMAT, "'%s': malformed tokenizer arrays", m->path);
-    else {
-        for (uint64_t i = 0; i < nv + nm; i++) ptrs[i] = ts[i].ptr, lens[i] = ts[i].len;
-        rc = tokenizer_load_vocab(&m->tok, (int)nv, ptrs, lens, types, (int)nm, ptrs + nv, lens + nv,
-                                  prebuf, err);
-        if (rc < 0) {
-            char inner[FASA_ERRLEN];
-            snprintf(inner, sizeof inner, "%s", err);
-            rc = fasa_error(err, rc, "'%s': tokenizer: %s", m->path, inner);
-        }
-    }
-    if (rc == 0 && m->tok) {
-        uint32_t bos, eos;
-        int b = gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) == 0 ? (int)bos : -1;
-        int e = gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos) == 0 ? (int)eos : -1;
-        /* For chat, the end of a turn is what ends generation. */
-        int eot = tokenizer_find(m->tok, "<|im_end|>");
-        if (eot < 0) eot = tokenizer_find(m->tok, "<|eot_id|>");
-        tokenizer_set_special(m->tok, b, eot >= 0 ? eot : e);
-    }
-    free(ts); free(ptrs); free(lens); free(types);
-    return rc;
+    /* Tokenizer from tokenizer.ggml.* (none: fine for ids-only use; m->tok stays NULL). */
+    return tokenizer_load_gguf(&m->tok, g, err);
 }
 
 static int open_hf(model *m, const char *dir, char *err)

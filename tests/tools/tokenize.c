@@ -3,11 +3,17 @@
  *   tokenize MODEL < records          MODEL: a tokenizer.json or a GGUF file
  *   tokenize --bench FILE MODEL       encode FILE (whole, then line by line), print tokens/s
  *   tokenize --decode MODEL < ids     one line of ids in, their bytes out
+ *   tokenize --chat TEMPLATE MODEL < records
+ *                                     render each record as a chat with the template in the
+ *                                     file TEMPLATE ("-": the model's own) and encode it
  *
  * A record is a u32 little-endian length, one flag byte (bit 0: parse special tokens; bit 1:
- * also decode) and that many bytes, which may be any bytes (invalid UTF-8, NULs). For each
- * record one line of space-separated ids is printed (with bit 1, then a tab and the hex of the
- * concatenated decoded bytes), or "ERROR <status>". scripts/tokenizer_check.py drives it.
+ * also decode; with --chat, bit 2: the record is "system\0user", else just the user message)
+ * and that many bytes, which may be any bytes (invalid UTF-8, NULs). For each record one line
+ * of space-separated ids is printed (with bit 1, then a tab and the hex of the text
+ * tokenizer_decode_text gives), or "ERROR <status>". With --chat the line is the hex of the
+ * rendered text, a tab, and the ids of tokenizer_encode_prompt. scripts/tokenizer_check.py
+ * drives it.
  */
 #include "tokenizer.h"
 #include "gguf.h"
@@ -19,46 +25,10 @@
 static int load_gguf(tokenizer **out, const char *path, char *err)
 {
     gguf_file g;
-    gguf_str pre = { "default", 7 };
-    const gguf_kv *kt, *km, *ky;
-    uint64_t nv, nm;
-    gguf_str *s = NULL;
-    const char **p = NULL;
-    uint64_t *l = NULL;
-    int32_t *types = NULL;
-    char prebuf[64];
-    uint32_t bos, eos;
     int rc;
-
     if ((rc = gguf_open(&g, path, err)) < 0) return rc;
-    kt = gguf_find_kv(&g, "tokenizer.ggml.tokens");
-    km = gguf_find_kv(&g, "tokenizer.ggml.merges");
-    ky = gguf_find_kv(&g, "tokenizer.ggml.token_type");
-    if (!kt || kt->type != GGUF_VT_ARRAY || kt->arr_type != GGUF_VT_STRING) {
-        gguf_close(&g);
-        return fasa_error(err, FASA_EFORMAT, "'%s': no tokenizer.ggml.tokens", path);
-    }
-    gguf_get_str(&g, "tokenizer.ggml.pre", &pre);
-    snprintf(prebuf, sizeof prebuf, "%.*s", (int)(pre.len < 63 ? pre.len : 63), pre.ptr);
-    nv = kt->arr_n;
-    nm = km && km->type == GGUF_VT_ARRAY && km->arr_type == GGUF_VT_STRING ? km->arr_n : 0;
-    s = calloc(nv + nm + 1, sizeof *s);
-    p = calloc(nv + nm + 1, sizeof *p);
-    l = calloc(nv + nm + 1, sizeof *l);
-    if (ky && ky->type == GGUF_VT_ARRAY && ky->arr_n == nv) types = calloc(nv + 1, sizeof *types);
-    if (!s || !p || !l) rc = fasa_error(err, FASA_ENOMEM, "out of memory");
-    else if (gguf_arr_strs(kt, s) < 0 || (nm && gguf_arr_strs(km, s + nv) < 0) || (types && gguf_arr_i32(ky, types) < 0))
-        rc = fasa_error(err, FASA_EFORMAT, "'%s': malformed tokenizer arrays", path);
-    else {
-        for (uint64_t i = 0; i < nv + nm; i++) p[i] = s[i].ptr, l[i] = s[i].len;
-        rc = tokenizer_load_vocab(out, (int)nv, p, l, types, (int)nm, p + nv, l + nv, prebuf, err);
-    }
-    if (rc == 0) {
-        int b = gguf_get_u32(&g, "tokenizer.ggml.bos_token_id", &bos) == 0 ? (int)bos : -1;
-        int e = gguf_get_u32(&g, "tokenizer.ggml.eos_token_id", &eos) == 0 ? (int)eos : -1;
-        tokenizer_set_special(*out, b, e);
-    }
-    free(s); free(p); free(l); free(types);
+    rc = tokenizer_load_gguf(out, &g, err);
+    if (rc == 0 && !*out) rc = fasa_error(err, FASA_EFORMAT, "'%s': no tokenizer.ggml.tokens", path);
     gguf_close(&g);
     return rc;
 }
@@ -140,25 +110,74 @@ static int decode_ids(tokenizer *t)
     return 0;
 }
 
+static void put_hex(const char *s, size_t n)
+{
+    for (size_t k = 0; k < n; k++) printf("%02x", (unsigned char)s[k]);
+}
+
+/* One chat record: system (or none) and user, rendered and encoded. */
+static void chat_record(tokenizer *t, const tokenizer_chat *chat, const char *buf, size_t len, int has_system)
+{
+    const char *system = NULL, *user = buf;
+    const char *nul = has_system ? memchr(buf, 0, len) : NULL;
+    if (nul) system = buf, user = nul + 1;
+    int need = tokenizer_chat_render(chat, system, user, NULL, 0);
+    char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    int n = text ? tokenizer_encode_prompt(t, chat, system, user, NULL, 0) : -1;
+    int32_t *ids = n >= 0 ? malloc(((size_t)n + 1) * sizeof *ids) : NULL;
+    if (!text || !ids) {
+        printf("ERROR %d\n", need < 0 ? need : n < 0 ? n : FASA_ENOMEM);
+        free(text);
+        free(ids);
+        return;
+    }
+    tokenizer_chat_render(chat, system, user, text, (size_t)need + 1);
+    put_hex(text, (size_t)need);
+    putchar('\t');
+    n = tokenizer_encode_prompt(t, chat, system, user, ids, n);
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    free(text);
+    free(ids);
+}
+
 int main(int argc, char **argv)
 {
     char err[FASA_ERRLEN];
     tokenizer *t;
-    const char *bench_file = NULL;
+    const char *bench_file = NULL, *chat_file = NULL;
     int decode = 0, rc = 0;
     int32_t *ids = NULL;
     size_t ids_cap = 0;
     char *buf = NULL;
     size_t buf_cap = 0;
+    tokenizer_chat chat;
 
     if (argc == 4 && !strcmp(argv[1], "--bench")) bench_file = argv[2];
+    else if (argc == 4 && !strcmp(argv[1], "--chat")) chat_file = argv[2];
     else if (argc == 3 && !strcmp(argv[1], "--decode")) decode = 1;
     else if (argc != 2) {
-        fprintf(stderr, "usage: tokenize [--bench FILE | --decode] MODEL  (tokenizer.json or GGUF)\n");
+        fprintf(stderr, "usage: tokenize [--bench FILE | --decode | --chat TEMPLATE] MODEL"
+                        "  (tokenizer.json or GGUF)\n");
         return 2;
     }
     if (load_any(&t, argv[argc - 1], err) < 0) {
         fprintf(stderr, "tokenize: %s\n", err);
+        return 1;
+    }
+    if (chat_file && strcmp(chat_file, "-")) {
+        size_t len;
+        char *text = slurp(chat_file, &len);
+        if (!text || !(text = realloc(text, len + 1))) {
+            fprintf(stderr, "tokenize: cannot read '%s'\n", chat_file);
+            return 1;
+        }
+        text[len] = 0;
+        rc = tokenizer_set_chat_template(t, text, chat_file);
+        free(text);
+    }
+    if (chat_file && (rc < 0 || (rc = tokenizer_chat_of(t, &chat)) < 0)) {
+        fprintf(stderr, "tokenize: no chat template fasa knows (%d)\n", rc);
         return 1;
     }
     if (bench_file) rc = bench(t, bench_file);
@@ -173,21 +192,22 @@ int main(int argc, char **argv)
                 if (!(buf = realloc(buf, buf_cap))) return 1;
             }
             if (fread(buf, 1, len, stdin) != len) { fprintf(stderr, "tokenize: truncated record\n"); return 1; }
-            if (3 * len + 1 > ids_cap) {          /* invalid UTF-8 can give 3 ids a byte */
-                ids_cap = 3 * len + 1;
+            buf[len] = 0;
+            if (chat_file) { chat_record(t, &chat, buf, len, hdr[4] & 4); continue; }
+            if (5 * len + 3 > ids_cap) {          /* the bound tokenizer_encode states */
+                ids_cap = 5 * len + 3;
                 if (!(ids = realloc(ids, ids_cap * sizeof *ids))) return 1;
             }
             n = tokenizer_encode(t, buf, len, hdr[4] & 1, ids, (int)ids_cap);
             if (n < 0) { printf("ERROR %d\n", n); continue; }
             for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
             if (hdr[4] & 2) {
+                int l = tokenizer_decode_text(t, ids, n, NULL, 0);
+                char *text = l >= 0 ? malloc((size_t)l + 1) : NULL;
                 putchar('\t');
-                for (int i = 0; i < n; i++) {
-                    char piece[1024];
-                    int l = tokenizer_decode(t, ids[i], piece, sizeof piece);
-                    if (l < 0 || l > (int)sizeof piece) { printf("DECODE-ERROR %d", ids[i]); break; }
-                    for (int k = 0; k < l; k++) printf("%02x", (unsigned char)piece[k]);
-                }
+                if (!text) printf("DECODE-ERROR %d", l);
+                else put_hex(text, (size_t)tokenizer_decode_text(t, ids, n, text, (size_t)l + 1));
+                free(text);
             }
             putchar('\n');
         }
