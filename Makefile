@@ -60,9 +60,10 @@ check-lines:
 	     END { exit bad }' $(wildcard formats/*.[ch] $(LIB_DIRS:%=%/*.[ch]) cmd/*.[ch] tests/*.[ch] kernels/*.c kernels/*.h kernels/*.cu kernels/*.cuh fuzz/*.[ch] tests/tools/*.c)
 
 # Logits and greedy tokens of the real model against Hugging Face transformers (scripts/setup.sh
-# installs the reference into $(VENV)).
+# installs the reference into $(VENV)); MODEL=... checks another GGUF the same way.
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 verify: bin/fasa
-	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa
+	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa --model $(MODEL)
 
 # The suite under AddressSanitizer + UBSan, in build-asan/ (binaries too). Real-model checks find
 # the model through FASA_MODEL / FASA_PROFILE; the transformers check skips (no .venv there).
