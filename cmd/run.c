@@ -152,14 +152,16 @@ static int text_add(textbuf *t, const char *s, size_t n)
     return 0;
 }
 
-static void print_json(const textbuf *text, const int32_t *gen, int n_gen, int n_prompt, double pre_tps, double dec_tps,
-                       double gbs, double kv_per_token, const session *ss)
+static void print_json(const textbuf *text, const int32_t *gen, int n_gen, const int32_t *prompt, int n_prompt,
+                       double pre_tps, double dec_tps, double gbs, double kv_per_token, const session *ss)
 {
     cJSON *o = cJSON_CreateObject();
     if (text) cJSON_AddStringToObject(o, "text", text->p ? text->p : "");
     cJSON *arr = cJSON_AddArrayToObject(o, "ids");
     for (int i = 0; i < n_gen; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(gen[i]));
     cJSON_AddNumberToObject(o, "n_prompt", n_prompt);
+    cJSON *pa = cJSON_AddArrayToObject(o, "prompt_ids");   /* as the model's template formatted it */
+    for (int i = 0; i < n_prompt; i++) cJSON_AddItemToArray(pa, cJSON_CreateNumber(prompt[i]));
     cJSON_AddNumberToObject(o, "prefill_tok_s", pre_tps);
     cJSON_AddNumberToObject(o, "decode_tok_s", dec_tps);
     cJSON_AddNumberToObject(o, "decode_gb_s", gbs);
@@ -353,7 +355,8 @@ int cmd_run(int argc, char **argv)
                 "of %.2f MB\n", ss->s->n_past, kvcache_resident_bytes(kv, ss->s->n_past) / 1e6,
                 kvcache_cold_bytes(kv, ss->s->n_past) / 1e6, kvcache_bytes(kv, ss->s->n_past) / 1e6);
     if (json)
-        print_json(print_ids ? NULL : &out, gen, n_gen, n_prompt, pre_tps, dec_tps, gbs, n_steps ? kv_bytes / n_steps : 0, ss);
+        print_json(print_ids ? NULL : &out, gen, n_gen, ids, n_prompt, pre_tps, dec_tps, gbs,
+                   n_steps ? kv_bytes / n_steps : 0, ss);
     status = 0;
 out:
     free(out.p);
