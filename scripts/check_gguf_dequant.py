@@ -10,14 +10,14 @@ with gguf.quants.dequantize
      streamed tensor by tensor from `gguf_dump --rows`.
 Prints the max |diff| per type and per tensor, and exits 1 on any difference.
 
-Tolerance: none (0). Both sides compute in float32 with the same operations in the same order
-(step = d * scale, then step * q, then - dmin * min or + m), each rounded once by numpy; in C a
-compiler may fuse a multiply and the add after it into one FMA, but every such product is exact
-in f32 (11 bits of f16 times a scale of at most 6 bits times a code of at most 5), so fusing
-changes nothing. The only inexact steps, the last product (Q6_K, IQ4_XS) and the last add or
-subtract, happen in the same order on both sides: the values must be equal to the bit. NaN and
-infinities count as equal only to themselves. Exit 0: all equal; 1: a difference or a tensor we
-could not read; 77: the gguf package cannot be imported.
+Tolerance: none (0). Every product in these dequantisers is exact in f32: an f16 scale has 11
+significant bits, a sub-block scale at most 7 (Q6_K's int8) and a code at most 7 (IQ4's 127),
+and no type multiplies more than 23 bits together. So the order of the multiplies and whether a
+compiler fuses one with the add after it (FMA) cannot matter; the only rounding is the final
+add or subtract of Q4_1/Q5_1 (+ m) and Q2_K/Q4_K/Q5_K (- dmin * min), the same single rounding
+on both sides. The values must be equal to the bit. NaN and infinities count as equal only to
+themselves. Exit 0: all equal; 1: a difference or a tensor we could not read; 77: the gguf
+package cannot be imported.
 
     .venv/bin/python scripts/check_gguf_dequant.py [--model FILE]... [--rows N] [--quiet]
 """
