@@ -6,10 +6,10 @@
  * unaligned fields are fine. Messages are one line and name the file.
  *
  * The dequantisers do ggml's float operations in ggml's order (step = d * scale, then step * q,
- * then - dmin * min or + m), so they agree to the bit with ggml's reference C and with gguf-py's
- * numpy (scripts/check_gguf_dequant.py). That holds even where a compiler fuses a multiply and
- * an add into one FMA: every product that is followed by an add is exact in f32 (an f16's 11
- * significant bits times a scale of at most 6 bits times a code of at most 5).
+ * then - dmin * min or + m) and agree to the bit with ggml's reference C and gguf-py's numpy
+ * (scripts/check_gguf_dequant.py). Every product is exact in f32 (an f16's 11 significant bits
+ * times at most 7 bits of scale and 7 of code), so neither the order of the multiplies nor a
+ * compiler's fused multiply-add can change a value; only the final add rounds.
  */
 #include "gguf.h"
 
@@ -672,8 +672,8 @@ uint16_t gguf_f32_to_bf16(float f)
 /* ---- dequantisers ---------------------------------------------------------------------------
  *
  * One function per type turns n values (whole blocks, from a block boundary) into floats with
- * ggml's arithmetic: a sub-block's step is d * scale, rounded once, then each value is step * q
- * (minus dmin * min), each product and difference rounded once. The layouts are in gguf.h. */
+ * ggml's arithmetic: a sub-block's step is d * scale, each value step * q (minus dmin * min).
+ * The layouts are in gguf.h. */
 
 static float f16_at(const uint8_t *p) { return gguf_f16_to_f32(ld16(p)); }
 

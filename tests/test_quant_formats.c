@@ -8,6 +8,7 @@
 #define _GNU_SOURCE   /* memmem */
 #include <criterion/criterion.h>
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -484,6 +485,54 @@ Test(quant_formats, cli_hostile_files_exit_1_with_one_line, .timeout = 120)
     tmpdir_remove(dir);
 }
 
+/* ---- real files --------------------------------------------------------------------------------------- */
+
+static void repo_root(char *root, size_t n)
+{
+    const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
+    snprintf(root, n, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
+}
+
+/* Every GGUF file in models/ parses (every tensor type known: real Q4_K_M files mix Q5_0, Q8_0,
+ * Q6_K in), has finite scales, and its first and last row of each tensor dequantise to finite
+ * values. */
+Test(quant_formats, real_files_parse_and_check, .timeout = 300)
+{
+    char root[1024], dir[1100], path[1400], err[FASA_ERRLEN];
+    repo_root(root, sizeof root);
+    snprintf(dir, sizeof dir, "%s/models", root);
+    DIR *d = opendir(dir);
+    int files = 0;
+    float *row = malloc(sizeof(float) * (1 << 20));
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 5, ".gguf") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        gguf_file g;
+        cr_assert_eq(gguf_open(&g, path, err), 0, "%s", err);
+        for (uint64_t i = 0; i < g.n_tensors; i++) {
+            const gguf_tensor *t = &g.tensors[i];
+            cr_assert_eq(gguf_check_tensor(&g, t, err), 0, "%s", err);
+            int64_t rows = (int64_t)(t->nbytes / gguf_row_bytes(t->type, t->ne[0]));
+            cr_assert_leq(t->ne[0], 1 << 20);
+            for (int k = 0; k < 2; k++) {
+                size_t r = (size_t)(k ? rows - 1 : 0);
+                const uint8_t *p = (const uint8_t *)t->data + r * gguf_row_bytes(t->type, t->ne[0]);
+                gguf_dequant(t->type, p, row, t->ne[0]);
+                for (int64_t j = 0; j < t->ne[0]; j++)
+                    cr_assert(isfinite(row[j]), "%s: %.*s row %d value %lld is %g", path, (int)t->name.len, t->name.ptr,
+                              k, (long long)j, row[j]);
+            }
+        }
+        gguf_close(&g);
+        files++;
+    }
+    if (d) closedir(d);
+    free(row);
+    if (!files) cr_skip_test("quant_formats::real_files_parse_and_check: no GGUF file in %s", dir);
+    cr_log_info("%d GGUF files checked", files);
+}
+
 /* ---- gguf-py ------------------------------------------------------------------------------------------ */
 
 /* scripts/check_gguf_dequant.py: every type on random blocks, and 4 rows of every tensor of every
@@ -491,8 +540,7 @@ Test(quant_formats, cli_hostile_files_exit_1_with_one_line, .timeout = 120)
 Test(quant_formats, dequant_matches_gguf_py, .timeout = 600)
 {
     char root[1024], py[1200], cmd[4096];
-    const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
-    snprintf(root, sizeof root, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
+    repo_root(root, sizeof root);
     snprintf(py, sizeof py, "%s/.venv/bin/python", root);
     if (access(py, X_OK) != 0)
         cr_skip_test("quant_formats::dequant_matches_gguf_py: no reference venv (scripts/setup.sh --reference)");
