@@ -10,6 +10,7 @@
  */
 #include "fixtures.h"
 #include "fuzz_common.h"
+#include "forward.h"
 #include "model.h"
 #include "safetensors.h"
 

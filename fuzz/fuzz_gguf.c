@@ -12,6 +12,7 @@
 
 #include "fuzz_common.h"
 #include "gguf.h"
+#include "forward.h"
 #include "model.h"
 
 #define MAX_DEQUANT_BYTES (64 << 10)
@@ -104,6 +105,10 @@ static void check_tensors(const gguf_file *g, const uint8_t *buf, size_t len)
             FUZZ_CHECK(gguf_find_tensor(g, name) == t);
             free(name);
         }
+        /* the load-time scale scan: a verdict and, on rejection, one line */
+        char msg[FASA_ERRLEN] = "";
+        const int ck = gguf_check_tensor(g, t, msg);
+        FUZZ_CHECK(ck == 0 || (ck == FASA_EFORMAT && fuzz_one_line(msg, sizeof msg)));
         if (t->nbytes > MAX_DEQUANT_BYTES || t->ne[0] > budget) continue;
         float *row = malloc((size_t)t->ne[0] * sizeof *row);
         FUZZ_CHECK(row);

@@ -11,6 +11,7 @@
 #include "attention.h"
 #include "fixtures.h"
 #include "fuzz_common.h"
+#include "forward.h"
 #include "model.h"
 #include "profile.h"
 

