@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "cmd.h"
+#include "ruler.h"
 #include "session.h"
 #include "speed.h"
 
@@ -22,7 +23,7 @@ static const char *const default_texts[] = {
 };
 
 static const char usage_text[] =
-    "usage: fasa bench MODEL [-p PROFILE] --task ca|ppl|passkey|speed [TEXT...] [options]\n"
+    "usage: fasa bench MODEL [-p PROFILE] --task ca|ppl|passkey|ruler|speed [TEXT...] [options]\n"
     "\n"
     "Accuracy of token-selection policies beside full attention, and decode speed. TEXT files (or -\n"
     "for stdin) are concatenated; the default is the Debian license texts other than GPL-3 (the\n"
@@ -32,16 +33,25 @@ static const char usage_text[] =
     "      --task T          ca: compound contextual agreement per K; ppl: perplexity after a\n"
     "                        dense prefill of C - M tokens and M decode steps under the policy;\n"
     "                        passkey: retrieval of a key hidden at a depth in filler text;\n"
+    "                        ruler: RULER's 13 long-context tasks (needles, variable tracking,\n"
+    "                        word extraction, QA), generated here, prefilled once per sample and\n"
+    "                        decoded under every policy and budget, scored as RULER scores;\n"
     "                        speed: decode tok/s, attention ms/token, bytes per token, GB/s and\n"
     "                        KV memory by tier at cache depths (policies full, fasa-c, fasa-m,\n"
     "                        quest; the cache is a real prefill of 512 tokens tiled to depth)\n"
-    "      --policy LIST     full, fasa, fasa-1/8, fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense,\n"
+    "      --policy LIST     default (what 'fasa run' selects without flags), full, fasa, fasa-1/8,\n"
+    "                        fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense, fasa-q4,\n"
     "                        oracle, stream, snapkv, h2o, quest, random (default per task); fasa's\n"
     "                        variants combine, e.g. fasa-1/4-block-s0-r64@20.14: -sN sinks (default\n"
     "                        4), -rN recent tokens (default half the budget), @L.L dense layers\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024)\n"
     "      --k LIST          K values (ca; default 64,256,512,768,1024,2048)\n"
-    "      --context LIST    C (ppl; default 4096,8192) or passkey lengths (default 1024,2048,4096,8192)\n"
+    "      --context LIST    C (ppl; default 4096,8192), passkey lengths (default 1024,2048,4096,8192),\n"
+    "                        ruler lengths (default 4096,8192,16384,32768)\n"
+    "      --samples N       ruler: samples per (task, length) (default 1)\n"
+    "      --tasks LIST      ruler: these tasks only (default all 13)\n"
+    "      --quick           ruler: four tasks (niah_single_2, niah_multikey_1, vt, qa_1) at 4096 and\n"
+    "                        8192 tokens, budget 1024, policies default, full, stream: a smoke check\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
     "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
@@ -99,7 +109,9 @@ static int parse_doubles(const char *flag, const char *s, double *out, int max)
 
 static void progress(void *ctx, int done, int total)
 {
-    fprintf(stderr, "\rbench: %d/%d, %.0f s", done, total, fasa_now() - *(double *)ctx);
+    const double el = fasa_now() - *(double *)ctx;
+    fprintf(stderr, "\rbench: %d/%d, %.0f s", done, total, el);
+    if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left ", el / done * (total - done));
     if (done == total) fputc('\n', stderr);
 }
 
@@ -138,12 +150,12 @@ static int write_csv(const char *path, const bench_row *r, int n)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return die("out of memory");
-    fprintf(f, "task,policy,budget,context,depth,value,layer\n");
+    fprintf(f, "task,policy,budget,context,depth,value,layer,extra\n");
     for (int i = 0; i < n; i++) {
         char layer[16] = "";   /* empty: all layers */
         if (r[i].layer >= 0) snprintf(layer, sizeof layer, "%d", r[i].layer);
-        fprintf(f, "%s,%s,%d,%d,%g,%.6f,%s\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
-                r[i].depth, r[i].value, layer);
+        fprintf(f, "%s,%s,%d,%d,%g,%.6f,%s,%g\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
+                r[i].depth, r[i].value, layer, r[i].extra);
     }
     fclose(f);
     int rc = write_file_atomic(path, buf, len);
@@ -329,6 +341,8 @@ int cmd_bench(int argc, char **argv)
         { "policy", required_argument, 0, 'P' },  { "budget", required_argument, 0, 'B' },
         { "k", required_argument, 0, 'K' },       { "context", required_argument, 0, 'C' },
         { "tokens", required_argument, 0, 'N' },  { "steps", required_argument, 0, 'M' },
+        { "samples", required_argument, 0, 'A' }, { "tasks", required_argument, 0, 'Q' },
+        { "quick", no_argument, 0, 'q' },
         { "depths", required_argument, 0, 'D' },  { "seeds", required_argument, 0, 'S' },
         { "csv", required_argument, 0, 'c' },     { "json", no_argument, 0, 'j' },
         { "threads", required_argument, 0, 't' }, { "help", no_argument, 0, 'h' },
@@ -345,7 +359,9 @@ int cmd_bench(int argc, char **argv)
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 0;
-    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, c;
+    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, c;
+    long samples = 1;
+    const char *task_list = NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
         switch (c) {
@@ -370,6 +386,9 @@ int cmd_bench(int argc, char **argv)
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
+        case 'A': if (parse_int("--samples", optarg, 1, 1000, &samples)) return EXIT_USAGE; break;
+        case 'Q': task_list = optarg; break;
+        case 'q': quick = 1; break;
         case 'c': csv = optarg; break;
         case 'j': json = 1; break;
         case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return EXIT_USAGE; break;
@@ -387,17 +406,40 @@ int cmd_bench(int argc, char **argv)
                                 depths == default_depths ? NULL : depths, steps < 0 ? 16 : (int)steps,
                                 (int)repeats, (int)fcs, tip, (int)fill, kv_cold, kv_f16 != 0, bandwidth, csv, json);
     }
-    if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey"))
-        return die_usage("--task '%s' is not available (ca, ppl, passkey, speed)", task);
+    if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey") && strcmp(task, "ruler"))
+        return die_usage("--task '%s' is not available (ca, ppl, passkey, ruler, speed)", task);
+    const int ruler = !strcmp(task, "ruler");
+    uint64_t ruler_tasks = 0;
+    if (ruler && task_list) {
+        char list[1024];
+        snprintf(list, sizeof list, "%s", task_list);
+        for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            const int t = ruler_task_find(tok);
+            if (t < 0) return die_usage("--tasks: '%s' is not a ruler task (niah_single_1, ..., vt, cwe, fwe, qa_1, qa_2)", tok);
+            ruler_tasks |= 1ull << t;
+        }
+    } else if (ruler && quick) {
+        for (int t = 0; t < ruler_task_count(); t++)
+            if (ruler_task_quick(t)) ruler_tasks |= 1ull << t;
+    }
+    if (!ruler && (task_list || quick || samples != 1))
+        return die_usage("--tasks, --quick and --samples are for --task ruler");
+    if (ruler && quick) {
+        if (!policies) policies = "full,default,stream";
+        if (!strcmp(budgets, "128,256,512,1024")) budgets = "1024";
+        if (!contexts) contexts = "4096,8192";
+    }
     /* the lists before the model is read */
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
-    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = (int)seeds, .kv_f16 = kv_f16 == 1, .per_layer = per_layer };
+    bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = ruler ? (int)samples : (int)seeds,
+                      .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);
     for (int i = 1; i < cfg.n_k; i++)
         if (cfg.ks[i] <= cfg.ks[i - 1]) return die_usage("--k values must increase");
-    if (!contexts) contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : "4096,8192";
+    if (!contexts) contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : ruler ? "4096,8192,16384,32768" : "4096,8192";
+    if (ruler && !strcmp(budgets, "128,256,512,1024")) budgets = "256,512,1024,2048";
     if ((cfg.n_ctx = parse_ints("--context", contexts, cfg.contexts, BENCH_MAX, 16, 1 << 22)) < 0) return EXIT_USAGE;
     if ((cfg.n_depth = parse_doubles("--depths", depths, cfg.depths, BENCH_MAX)) < 0) return EXIT_USAGE;
     if (threads) omp_set_num_threads((int)threads);
@@ -415,6 +457,7 @@ int cmd_bench(int argc, char **argv)
     if (failed) goto out;
     if (!policies)
         policies = !strcmp(task, "ca") ? "random,stream,snapkv,quest,fasa-1/8,fasa-1/4,fasa-1/4-s0-r0,oracle"
+                       : ruler ? "full,default,oracle,stream,snapkv,h2o,quest"
                                        : "full,fasa-1/4,fasa-1/8,oracle,stream,snapkv,h2o,quest";
     char list[1024];
     snprintf(list, sizeof list, "%s", policies);
@@ -429,6 +472,8 @@ int cmd_bench(int argc, char **argv)
     int rc;
     if (!strcmp(task, "passkey")) {
         rc = bench_passkey(m, &cfg, &rows, &n_rows, err);
+    } else if (ruler) {
+        rc = bench_ruler(m, &cfg, ruler_tasks, &rows, &n_rows, err);
     } else {
         if (!m->tok) { status = die_usage("--task %s needs a model with a tokenizer; '%s' has none", task, model_path); goto out; }
         int n = bench_ids(m, argv + optind, argc - optind, &text, &ids);
@@ -455,6 +500,13 @@ int cmd_bench(int argc, char **argv)
                 cJSON_AddNumberToObject(o, "k", rows[i].budget);
                 if (rows[i].layer >= 0) cJSON_AddNumberToObject(o, "layer", rows[i].layer);
                 cJSON_AddNumberToObject(o, rows[i].task, rows[i].value);   /* "ca" or "mass" */
+            } else if (ruler) {   /* {"task","length","policy","budget","score","samples"} */
+                cJSON_AddStringToObject(o, "task", rows[i].task);
+                cJSON_AddNumberToObject(o, "length", rows[i].context);
+                cJSON_AddStringToObject(o, "policy", rows[i].policy);
+                cJSON_AddNumberToObject(o, "budget", rows[i].budget);
+                cJSON_AddNumberToObject(o, "score", rows[i].value);
+                cJSON_AddNumberToObject(o, "samples", rows[i].extra);
             } else {
                 cJSON_AddStringToObject(o, "task", rows[i].task);
                 cJSON_AddStringToObject(o, "policy", rows[i].policy);
@@ -499,12 +551,14 @@ int cmd_bench(int argc, char **argv)
     } else {
         int w = 14;   /* the widest policy name */
         for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;
-        printf("%-8s %-*s %8s %8s %6s %10s %8s\n", "task", w, "policy", "budget", "context", "depth", "value", "tokens");
+        int tw = 8;   /* the widest task name */
+        for (int i = 0; i < n_rows; i++) tw = (int)strlen(rows[i].task) > tw ? (int)strlen(rows[i].task) : tw;
+        printf("%-*s %-*s %8s %8s %6s %10s %8s\n", tw, "task", w, "policy", "budget", "context", "depth", "value", "tokens");
         for (int i = 0; i < n_rows; i++) {
             char depth[16] = "-", tokens[16] = "-";
             if (rows[i].depth >= 0) snprintf(depth, sizeof depth, "%.2f", rows[i].depth);
             if (rows[i].tokens > 0) snprintf(tokens, sizeof tokens, "%.1f", rows[i].tokens);
-            printf("%-8s %-*s %8d %8d %6s %10.4f %8s\n", rows[i].task, w, rows[i].policy, rows[i].budget,
+            printf("%-*s %-*s %8d %8d %6s %10.4f %8s\n", tw, rows[i].task, w, rows[i].policy, rows[i].budget,
                    rows[i].context, depth, rows[i].value, tokens);
         }
     }

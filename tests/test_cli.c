@@ -280,3 +280,36 @@ Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
     if (rc == 77) cr_skip_test("verify::real_model_logits_vs_transformers: reference cannot be imported (see build/verify.log)");
     cr_expect_eq(rc, 0, "verify_logits.py failed (exit %d); see build/verify.log", rc);
 }
+
+/* bench --task ruler end to end on the real model: rows in RULER's JSON form, scores in range,
+ * the mean over one task its score (whether this 135M model finds the needle is not asserted) */
+Test(cli, real_model_ruler_rows, .timeout = 600)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("real_model_ruler_rows: default model not installed (run scripts/setup.sh)");
+    char *out, *err, args[1200];
+    snprintf(args, sizeof args, "bench %s --task ruler --tasks niah_single_1 --context 1024 --policy full,stream "
+             "--budget 64 --json", m);
+    int rc = fasa(args, &out, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cJSON *a = cJSON_Parse(out);
+    cr_assert_not_null(a, "%s", out);
+    cr_expect_eq(cJSON_GetArraySize(a), 4, "niah_single_1 and mean, for full and stream: %s", out);
+    for (cJSON *r = a->child; r; r = r->next) {
+        static const char *const keys[] = { "task", "length", "policy", "budget", "score", "samples" };
+        for (size_t i = 0; i < 6; i++) cr_expect_not_null(cJSON_GetObjectItem(r, keys[i]), "row lacks %s", keys[i]);
+        const double v = cJSON_GetObjectItem(r, "score")->valuedouble;
+        cr_expect(v >= 0 && v <= 1, "score %g", v);
+    }
+    /* one task: each policy's mean is that task's score */
+    for (int i = 0; i < 2; i++) {
+        const cJSON *t = cJSON_GetArrayItem(a, i), *mean = cJSON_GetArrayItem(a, i + 2);
+        cr_expect_str_eq(cJSON_GetObjectItem(mean, "task")->valuestring, "mean");
+        cr_expect_str_eq(cJSON_GetObjectItem(t, "policy")->valuestring, cJSON_GetObjectItem(mean, "policy")->valuestring);
+        cr_expect_eq(cJSON_GetObjectItem(t, "score")->valuedouble, cJSON_GetObjectItem(mean, "score")->valuedouble);
+    }
+    cJSON_Delete(a);
+    free(out); free(err);
+    cr_expect_eq(fasa("bench /nonexistent.gguf --task ruler --tasks nope", &out, &err), 2);
+    free(out); free(err);
+}

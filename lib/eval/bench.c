@@ -9,6 +9,7 @@
 
 #include "calibrate.h"
 #include "sampler.h"
+#include "ruler.h"
 #include "session.h"
 #include "topk.h"
 
@@ -450,5 +451,161 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                                 seeds, cfg->depths[di]) < 0)
                         rc = fasa_error(err, FASA_ENOMEM, "out of memory");
     free(hits);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- ruler */
+
+/* The cache options every policy of cfg can read: the TIP copy of the first policy with one
+ * (they share F and the profile, so one copy serves them all; without it TIP rounds each key
+ * itself, the same scores far slower). Returns the map the options point at (the caller frees
+ * it after the last run state is made), or NULL. */
+static int16_t *bench_kv_opts(const model *m, const bench_cfg *cfg, kv_opts *ko, char *err)
+{
+    for (int i = 0; i < cfg->n_policy; i++) {
+        policy pol;
+        if (!cfg->policies[i].o.tip_bits || policy_init(&pol, m, &cfg->policies[i].o, err) < 0) continue;
+        kv_opts tmp = *ko;
+        policy_kv_opts(&pol, &tmp);
+        const size_t n = (size_t)m->cfg.n_layer * m->cfg.n_kv_head * tmp.tip_width;
+        int16_t *map = malloc(sizeof *map * n);
+        if (map) {
+            memcpy(map, tmp.tip_map, sizeof *map * n);
+            ko->tip_width = tmp.tip_width, ko->tip_map = map;
+        }
+        policy_free(&pol);
+        return map;
+    }
+    return NULL;
+}
+
+static int count_tokens(void *ctx, const char *text, size_t len)
+{
+    const model *m = ctx;
+    int32_t *ids = malloc(sizeof *ids * (len + 16));
+    const int n = ids ? tokenizer_encode(m->tok, text, len, 0, ids, (int)(len + 16)) : -1;
+    free(ids);
+    return n;
+}
+
+int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row **rows, int *n_rows, char *err)
+{
+    if (!m->tok) return fasa_error(err, FASA_EARG, "ruler needs a model with a tokenizer");
+    const int V = m->cfg.n_vocab, samples = cfg->seeds > 0 ? cfg->seeds : 1, T = ruler_task_count();
+    int n_tasks = 0;
+    for (int t = 0; t < T; t++) n_tasks += !tasks || (tasks >> t & 1);
+    /* the runs per sample: full once, every other policy at every budget */
+    int runs = 0;
+    for (int pi = 0; pi < cfg->n_policy; pi++) runs += cfg->policies[pi].o.kind == POLICY_FULL ? 1 : cfg->n_budget;
+    double *score = calloc((size_t)cfg->n_ctx * T * runs, sizeof *score);
+    if (!score) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    /* the chat template's own tokens: what a prompt costs beyond its text */
+    int32_t *probe;
+    const int overhead = session_prompt_ids(m, "x", -1, NULL, &probe, err);
+    if (overhead < 0) { free(score); return overhead; }
+    free(probe);
+    kv_opts ko = { .f16 = cfg->kv_f16 };
+    int16_t *map = bench_kv_opts(m, cfg, &ko, err);
+    int rc = 0, done = 0;
+    const int total = cfg->n_ctx * n_tasks * samples;
+    for (int li = 0; li < cfg->n_ctx && rc == 0; li++)
+        for (int t = 0; t < T && rc == 0; t++) {
+            if (tasks && !(tasks >> t & 1)) continue;
+            for (int k = 0; k < samples && rc == 0; k++) {
+                ruler_sample smp;
+                const int L = cfg->contexts[li];
+                /* RULER's length holds the prompt and the answer to generate */
+                rc = ruler_generate(t, L - overhead - 128, (uint64_t)(k + 1) * 7919 + (uint64_t)L, count_tokens, (void *)m,
+                                    &smp, err);
+                if (rc < 0) break;
+                int32_t *ids = NULL, *pre = NULL;
+                int n = session_prompt_ids(m, smp.prompt, -1, NULL, &ids, err);
+                const size_t pl = strlen(smp.answer_prefix);
+                int np = n < 0 ? n : (pre = malloc(sizeof *pre * (pl + 16))) ? tokenizer_encode(m->tok, smp.answer_prefix, pl, 0, pre, (int)(pl + 16)) : FASA_ENOMEM;
+                int32_t *all = n > 0 && np >= 0 ? realloc(ids, sizeof *ids * (n + np)) : NULL;
+                if (!all) {
+                    free(ids), free(pre), ruler_sample_free(&smp);
+                    rc = n < 0 ? n : np < 0 ? fasa_error(err, FASA_EFORMAT, "cannot tokenize a ruler prompt") : FASA_ENOMEM;
+                    break;
+                }
+                ids = all;
+                memcpy(ids + n, pre, sizeof *pre * np);
+                free(pre);
+                n += np;
+                const int n_gen = smp.max_new_tokens;
+                run_state *s = run_state_new_kv(m, n + n_gen, 64, &ko, err);
+                attn_stats st;
+                stats_snap sn = { 0 };
+                if (!s) { free(ids), ruler_sample_free(&smp); rc = FASA_ENOMEM; break; }
+                if ((rc = attn_stats_init(&st, m, n + n_gen, STATS_QUEST | STATS_SNAPKV | STATS_H2O, n, err)) < 0) {
+                    run_state_free(s), free(ids), ruler_sample_free(&smp);
+                    break;
+                }
+                s->stats = &st;
+                /* prefill all but the last prompt token densely, once; it is every run's first decode step */
+                if ((rc = model_prefill(m, s, ids, n - 1, NULL, err)) == 0) snap_take(&sn, &st);
+                for (int pi = 0, run = 0; pi < cfg->n_policy && rc == 0; pi++) {
+                    const bench_policy *bp = &cfg->policies[pi];
+                    const int nb = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
+                    for (int bi = 0; bi < nb && rc == 0; bi++, run++) {
+                        policy pol;
+                        policy_opts o = bp->o;
+                        o.budget = bp->o.kind == POLICY_FULL ? n + n_gen : cfg->budgets[bi];
+                        if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
+                        snap_restore(&sn, &st);
+                        s->n_past = n - 1;
+                        if ((rc = attention_use_policy(s, &pol, n - 1, err)) < 0) { policy_free(&pol); break; }
+                        char out[2048];
+                        size_t ol = 0;
+                        int32_t tok = ids[n - 1];
+                        for (int g = 0; g < n_gen && rc == 0; g++) {
+                            if ((rc = model_forward(m, s, &tok, 1, 0, err)) < 0) break;
+                            tok = sampler_argmax(s->logits, V);
+                            if (tok == tokenizer_eos(m->tok)) break;
+                            char piece[64];
+                            int n_piece = tokenizer_decode(m->tok, tok, piece, sizeof piece);
+                            if (n_piece > 0 && ol + n_piece < sizeof out - 1) memcpy(out + ol, piece, n_piece), ol += n_piece;
+                        }
+                        out[ol] = 0;
+                        attention_use_policy(s, NULL, 0, NULL);
+                        policy_free(&pol);
+                        score[((size_t)li * T + t) * runs + run] += ruler_score(&smp, out);
+                    }
+                }
+                snap_free(&sn);
+                attn_stats_free(&st);
+                run_state_free(s);
+                free(ids);
+                ruler_sample_free(&smp);
+                if (cfg->progress) cfg->progress(cfg->progress_ctx, ++done, total);
+            }
+        }
+    /* rows: per task, then the mean over the tasks, for each (length, policy, budget) */
+    for (int li = 0; li < cfg->n_ctx && rc == 0; li++)
+        for (int t = 0; t <= T && rc == 0; t++) {
+            if (t < T && tasks && !(tasks >> t & 1)) continue;
+            for (int pi = 0, run = 0; pi < cfg->n_policy && rc == 0; pi++) {
+                const bench_policy *bp = &cfg->policies[pi];
+                const int nb = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
+                for (int bi = 0; bi < nb && rc == 0; bi++, run++) {
+                    double v = 0;
+                    if (t < T) {
+                        v = score[((size_t)li * T + t) * runs + run] / samples;
+                    } else {
+                        for (int u = 0; u < T; u++)
+                            if (!tasks || (tasks >> u & 1)) v += score[((size_t)li * T + u) * runs + run] / samples;
+                        v /= n_tasks;
+                    }
+                    if (add_row(rows, n_rows, "ruler", bp->name, bp->o.kind == POLICY_FULL ? 0 : cfg->budgets[bi],
+                                cfg->contexts[li], v, samples, -1) < 0) {
+                        rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+                        break;
+                    }
+                    snprintf((*rows)[*n_rows - 1].task, sizeof (*rows)[*n_rows - 1].task, "%s", t < T ? ruler_task_name(t) : "mean");
+                }
+            }
+        }
+    free(score);
+    free(map);
     return rc;
 }

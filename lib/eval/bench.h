@@ -40,7 +40,7 @@ typedef struct bench_cfg {
 } bench_cfg;
 
 typedef struct bench_row {
-    char task[16], policy[48];
+    char task[24], policy[48];
     int budget, context;     /* for ca: budget = K, context = tokens */
     double depth;            /* passkey: where the key sits (0 = start, 1 = end); else -1 */
     int layer;               /* ca per layer: the layer; else -1 */
@@ -60,5 +60,11 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
 int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
+/* ruler: RULER-style tasks (ruler.h) at each length of cfg->contexts, cfg->seeds samples per
+ * (task, length); each sample is prefilled once (densely) and decoded under every policy and
+ * budget from the same cache. Rows "ruler": task, context = length, policy, budget, value = mean
+ * score, extra = samples; then "ruler" rows with task "mean" averaging the tasks. tasks: a mask
+ * of ruler task indices (0: all). */
+int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row **rows, int *n_rows, char *err);
 
 #endif
