@@ -620,23 +620,28 @@ static const int32_t QUAD_IDX[16] __attribute__((aligned(64))) = { 0, 0, 0, 0, 1
 
 static inline __attribute__((always_inline)) void
 q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
-          const int q5)
+          const uint8_t *pf, const int q5)
 {
     const int64_t nb = cols / 256;
     const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
     const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(16);
     __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         accm[t] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * bb;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * bb);
         __m128 dmin;
         const __m128 d = k_dm4(w, off, &dmin);
         float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
         uint64_t mn[4];
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = w[r] + off;
             uint64_t sc;
@@ -648,14 +653,18 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
                              _mm512_and_si512(v1, m4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4) };
             if (q5) {
                 const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+                #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
                     q[k] = _mm512_mask_add_epi8(q[k], _mm512_test_epi8_mask(h, LOAD512(K5_BITS[k])), q[k], c16);
             }
             __m512i s[4];
+            #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(S, LOAD512(K4_SCALE_SHUF[k]));
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = x->qp + t * cols + 256 * i;
                 __m512i ia = _mm512_setzero_si512();
+                #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
                     ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
@@ -665,30 +674,38 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
         const __m512i M = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)mn[3], (long long)mn[2],
                                                                  (long long)mn[1], (long long)mn[0]));
         const __m512 dmq = _mm512_permutexvar_ps(_mm512_load_si512(QUAD_IDX), _mm512_castps128_ps512(dmin));
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const __m512i s32 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
             accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(M, s32)),
                                       _mm512_mul_ps(dmq, _mm512_set1_ps(x->d[t * nb + i])), accm[t]);
         }
     }
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
         tile_store(y, ldy, t, nr, _mm_sub_ps(hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), hsum_quads512(accm[t])));
 }
 
 static inline __attribute__((always_inline)) void
-q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols)
+q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+         const uint8_t *pf)
 {
     const int64_t nb = cols / 256;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = LOAD512(K6_SHL), shr = LOAD512(K6_SHR);
     __m512 acc[4][QUANT_TILE_T];
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * 210;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * 210);
         const __m128 d = f16x4(w[0] + off + 208, w[1] + off + 208, w[2] + off + 208, w[3] + off + 208);
         float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = w[r] + off;
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
@@ -696,6 +713,7 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
             /* -32 sc per sub-block, against x's 16-sums: the -32 of every value */
             const __m512i nsc = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
             __m512i q[4];
+            #pragma GCC unroll 4
             for (int h = 0; h < 2; h++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * h));
                 const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
@@ -705,17 +723,21 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
                                                          _mm512_srlv_epi16(hb, shr), m30, 0xF8);
             }
             __m512i s[4];
+            #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(LOAD512(K6_SCALE_IDX[k]), S);
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = x->q + t * cols + 256 * i;
                 __m512i ia = dpwssd512(_mm512_setzero_si512(), nsc,
                                        _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i))));
+                #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
                     ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
             }
         }
     }
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
 #undef LOAD512
@@ -749,24 +771,29 @@ static inline __m256 k_mins2(uint64_t m0, uint64_t m1, __m128i s32)
 
 static inline __attribute__((always_inline)) void
 q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
-          const int q5)
+          const uint8_t *pf, const int q5)
 {
     const int64_t nb = cols / 256;
     const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
     const __m256i m4 = _mm256_set1_epi8(0x0F), c16 = _mm256_set1_epi8(16);
     const __m256i idx01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), idx23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     __m256 acc[4][QUANT_TILE_T], accm[2][QUANT_TILE_T];
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         accm[0][t] = accm[1][t] = _mm256_setzero_ps();
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * bb;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * bb);
         __m128 dmin;
         const __m128 d = k_dm4(w, off, &dmin);
         float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
         uint64_t mn[4];
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = w[r] + off;
             uint64_t sc;
@@ -774,7 +801,9 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
             const __m256i S = _mm256_set1_epi64x((long long)sc);
             const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             __m256i ia[QUANT_TILE_T];
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++) ia[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * c));
                 __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -785,6 +814,7 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
                 }
                 const __m256i slo = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c]));
                 const __m256i shi = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c + 1]));
+                #pragma GCC unroll 4
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = x->q + t * cols + 256 * i + 64 * c;
                     const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq));
@@ -792,11 +822,13 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
                     ia[t] = _mm256_add_epi32(ia[t], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
                 }
             }
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(ddx[t][r]), acc[r][t]);
         }
         const __m256 dm = _mm256_castps128_ps256(dmin);
         const __m256 dm01 = _mm256_permutevar8x32_ps(dm, idx01), dm23 = _mm256_permutevar8x32_ps(dm, idx23);
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const __m128i s32 = _mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i));
             const __m256 dx = _mm256_set1_ps(x->d[t * nb + i]);
@@ -804,6 +836,7 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
             accm[1][t] = _mm256_fmadd_ps(k_mins2(mn[2], mn[3], s32), _mm256_mul_ps(dm23, dx), accm[1][t]);
         }
     }
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         /* quads of accm: rows 0, 1 | 2, 3 */
         const __m256 m = _mm256_hadd_ps(accm[0][t], accm[1][t]);   /* r0 r0 r2 r2 | r1 r1 r3 r3 */
@@ -814,26 +847,34 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
 }
 
 static inline __attribute__((always_inline)) void
-q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols)
+q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+         const uint8_t *pf)
 {
     const int64_t nb = cols / 256;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4][QUANT_TILE_T];
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * 210;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * 210);
         const __m128 d = f16x4(w[0] + off + 208, w[1] + off + 208, w[2] + off + 208, w[3] + off + 208);
         float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
         for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = w[r] + off;
             const __m256i sb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 192)));
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
             const __m256i nsc = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
             __m256i ia[QUANT_TILE_T];
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 ia[t] = _mm256_madd_epi16(nsc, _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i)));
+            #pragma GCC unroll 4
             for (int h = 0; h < 2; h++) {
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
@@ -845,8 +886,10 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                     _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
                 };
+                #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     const __m256i s = _mm256_srai_epi16(_mm256_shuffle_epi8(sb, LOAD256(K6_SCALE_SHUF[4 * h + k])), 8);
+                    #pragma GCC unroll 4
                     for (int t = 0; t < T; t++) {
                         const int8_t *xq = x->q + t * cols + 256 * i + 128 * h + 32 * k;
                         ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(
@@ -854,10 +897,12 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
                     }
                 }
             }
+            #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(ddx[t][r]), acc[r][t]);
         }
     }
+    #pragma GCC unroll 4
     for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
 #undef LOAD256
@@ -866,7 +911,7 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
 /* The tiles by T (a constant in each instance). */
 #define TILE_FN(name, CALL)                                                                         \
     static void name(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, int T, \
-                     int64_t cols)                                                                  \
+                     int64_t cols, const uint8_t *pf)                                               \
     {                                                                                               \
         switch (T) {                                                                                \
         case 1: CALL(1); return;                                                                    \
@@ -875,9 +920,9 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
         default: CALL(4); return;                                                                   \
         }                                                                                           \
     }
-#define CALL_Q4K(T) q45k_tile(y, ldy, w, nr, x, T, cols, 0)
-#define CALL_Q5K(T) q45k_tile(y, ldy, w, nr, x, T, cols, 1)
-#define CALL_Q6K(T) q6k_tile(y, ldy, w, nr, x, T, cols)
+#define CALL_Q4K(T) q45k_tile(y, ldy, w, nr, x, T, cols, pf, 0)
+#define CALL_Q5K(T) q45k_tile(y, ldy, w, nr, x, T, cols, pf, 1)
+#define CALL_Q6K(T) q6k_tile(y, ldy, w, nr, x, T, cols, pf)
 TILE_FN(tile_q4_k, CALL_Q4K)
 TILE_FN(tile_q5_k, CALL_Q5K)
 TILE_FN(tile_q6_k, CALL_Q6K)
@@ -1212,8 +1257,7 @@ static void matvec_rows(float *y, const weight *w, const quant_kernels *k, int64
         for (; r < r1; r += 4, b += 4 * rb) {
             const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
             const uint8_t *ws[4] = { b, b + rb * (nr > 1), b + rb * (nr > 2 ? 2 : 0), b + rb * (nr > 3 ? 3 : 0) };
-            prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            k->tile(y + r, 1, ws, nr, x, 1, cols);
+            k->tile(y + r, 1, ws, nr, x, 1, cols, b + MV_AHEAD);
         }
         return;
     }
@@ -1248,7 +1292,7 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
                 const int T = len - t < MM_TILE_T ? len - t : MM_TILE_T;
                 const xq8 xt = { x.q + (size_t)t * cols, x.qp ? x.qp + (size_t)t * cols : NULL, x.d + t * (cols / 256),
                                  x.s16 + t * (cols / 16), x.s32 + t * (cols / 32), cols };
-                k->tile(y + (size_t)(t0 + t) * rows + r, (size_t)rows, ws, nr, &xt, T, cols);
+                k->tile(y + (size_t)(t0 + t) * rows + r, (size_t)rows, ws, nr, &xt, T, cols, NULL);
             }
         }
     }
