@@ -8,6 +8,7 @@
 
 #include "gguf.h"
 #include "ops.h"
+#include "quant.h"
 #include "sampler.h"
 
 static float frand(uint64_t *s)
@@ -29,24 +30,26 @@ Test(ops, dot_and_axpy_match_scalar)
     }
 }
 
-/* The decode kernels of Q4_0, Q4_1 and Q8_0 dot each block's integer weights q with x rounded to
- * 16-bit integers in steps of sx = max |x| / 32767 over the block: at most sx / 2 off per value,
- * so at most sum_k |d_b q_k| sx_b / 2 off in a row (lib/ops.c, x_quantize). That bound for row r. */
-static double x16_bound(const weight *wt, int64_t r, const float *x)
+/* The integer kernels round x (lib/core/quant.c): the 32-value block types in decode to int16
+ * in steps of sx = max |x| / 32767 over each block of 32, the K types (decode and prefill) to
+ * int8 in steps of max |x| / 127 over each block of 256. Each value is then at most half a step
+ * off, so a row is at most sum_b step_b / 2 sum_{k in b} |w_k| off: that bound for row r and
+ * one token x, n the batch (the 32-value types round x only in decode). */
+static double x_round_bound(const weight *wt, int64_t r, const float *x, int n)
 {
-    const uint32_t t = wt->type;
-    if (t != GGUF_TYPE_Q4_0 && t != GGUF_TYPE_Q4_1 && t != GGUF_TYPE_Q8_0) return 0;
-    const size_t rb = gguf_row_bytes(t, wt->cols);
-    const uint8_t *b = (const uint8_t *)wt->data + rb * (size_t)r;
-    const size_t bb = t == GGUF_TYPE_Q8_0 ? 34 : t == GGUF_TYPE_Q4_1 ? 20 : 18;
+    const quant_kernels *k = quant_kernels_of(wt->type);
+    if (!k || k->xf == QUANT_XF_F32 || (k->xf == QUANT_XF_Q16 && n > 1)) return 0;
+    const int blk = k->xf == QUANT_XF_Q16 ? 32 : 256;
+    const double levels = k->xf == QUANT_XF_Q16 ? 32767 : 127;
+    float *row = malloc(sizeof(float) * wt->cols);
+    weight_row_ref(wt, r, row);
     double sum = 0;
-    for (int64_t i = 0; i < wt->cols / 32; i++, b += bb, x += 32) {
-        double amax = 0, qs = 0;
-        for (int k = 0; k < 32; k++) amax = fmax(amax, fabs(x[k]));
-        for (int k = 0; k < 32; k++)
-            qs += t == GGUF_TYPE_Q8_0 ? abs((int8_t)b[2 + k]) : (b[bb - 16 + k % 16] >> (k < 16 ? 0 : 4) & 15);
-        sum += fabs(gguf_f16_to_f32((uint16_t)(b[0] | b[1] << 8))) * qs * amax / 32767 / 2;
+    for (int64_t i = 0; i < wt->cols; i += blk) {
+        double amax = 0, wsum = 0;
+        for (int j = 0; j < blk; j++) amax = fmax(amax, fabs(x[i + j])), wsum += fabs(row[i + j]);
+        sum += amax / levels / 2 * wsum;
     }
+    free(row);
     return sum;
 }
 
@@ -65,12 +68,12 @@ static void check_matmul(uint32_t type)
     ops_matmul(y, &wt, x, n);
     ops_matmul_ref(yr, &wt, x, n);
     for (int i = 0; i < n * rows; i++)
-        cr_expect(fabsf(y[i] - yr[i]) <= 1e-4f * (1 + fabsf(yr[i])), "%s [%d]: %g vs %g",
-                  gguf_type_name(type), i, y[i], yr[i]);
-    /* n = 1 (decode) gives the same rows as the batch, within the rounding of x to 16 bits */
+        cr_expect(fabsf(y[i] - yr[i]) <= 1e-4f * (1 + fabsf(yr[i])) + x_round_bound(&wt, i % rows, x + i / rows * cols, n),
+                  "%s [%d]: %g vs %g", gguf_type_name(type), i, y[i], yr[i]);
+    /* n = 1 (decode) gives the same rows as the batch, within the rounding of x */
     ops_matmul(y1, &wt, x + 2 * cols, 1);
     for (int i = 0; i < rows; i++)
-        cr_expect(fabsf(y1[i] - y[2 * rows + i]) <= 1e-4f * (1 + fabsf(y1[i])) + x16_bound(&wt, i, x + 2 * cols),
+        cr_expect(fabsf(y1[i] - y[2 * rows + i]) <= 1e-4f * (1 + fabsf(y1[i])) + x_round_bound(&wt, i, x + 2 * cols, 1),
                   "%s decode row %d: %.9g vs %.9g", gguf_type_name(type), i, y1[i], y[2 * rows + i]);
     /* and the dequantised weights are near the originals, so the type is really exercised */
     float row[512];
@@ -106,7 +109,7 @@ static uint8_t *random_weight(weight *wt, uint32_t type, int rows, int cols, uin
 
 /* Tolerance of the fast matmul against ops_matmul_ref: 1e-5 of sum_k |w_k x_k| (the size of the
  * rounding errors of any summation order), plus 1e-6 of |m| sum |x| for the Q4 offsets, which the
- * fused decode kernel applies through block sums of x, plus (decode) x16_bound. */
+ * fused decode kernel applies through block sums of x, plus x_round_bound. */
 static void expect_matmul_close(const weight *wt, const float *x, int n, const float *y, const float *yr,
                                 const char *what)
 {
@@ -122,7 +125,7 @@ static void expect_matmul_close(const weight *wt, const float *x, int n, const f
                 xs += fabs(x[(size_t)i * cols + k]);
             }
             double tol = 1e-5 * scale + 1e-6 * xs + 1e-30;
-            if (n == 1) tol += x16_bound(wt, r, x);
+            tol += x_round_bound(wt, r, x + (size_t)i * cols, n);
             double got = y[(size_t)i * rows + r], want = yr[(size_t)i * rows + r];
             if (fabs(got - want) > tol && bad++ < 5)
                 cr_expect(0, "%s %s %lldx%lld n=%d: y[%d][%lld] = %.9g, ref %.9g (tol %.3g)", what,
@@ -183,16 +186,16 @@ static void check_matmul_shapes(uint32_t type)
 }
 
 /* Decode with x of a wide range within each block (one value 1e4 times the others, which x16
- * then rounds coarsely) stays within x16_bound; a NaN or an infinity in x gives a row that is
- * not finite, as the reference does. */
+ * then rounds coarsely) stays within x_round_bound; a NaN or an infinity in x gives a row that
+ * is not finite, as the reference does. */
 Test(ops, matmul_decode_x_range)
 {
-    const uint32_t types[] = { GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0 };
-    const int rows = 37, cols = 576;
+    const uint32_t types[] = { GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_K, GGUF_TYPE_Q6_K };
+    const int rows = 37, cols = 768;
     for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
         weight wt;
         uint8_t *q = random_weight(&wt, types[ti], rows, cols, 4242 + ti);
-        float x[576], y[37], yr[37];
+        float x[768], y[37], yr[37];
         uint64_t r = 5;
         for (int i = 0; i < cols; i++) x[i] = frand(&r) * (i % 32 == 7 ? 1e4f : 1);
         ops_matmul(y, &wt, x, 1);

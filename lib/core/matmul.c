@@ -18,7 +18,7 @@
 /* Cost of one row, for balancing threads: bytes streamed in decode, multiply-adds in prefill. */
 static double row_cost(const weight *w, int n)
 {
-    return n == 1 ? (double)gguf_row_bytes(w->type, w->cols) : (double)w->cols;
+    return n == 1 ? (double)weight_bytes(w) / (double)w->rows : (double)w->cols;
 }
 
 /* Boundary k of nt over the rows of ws[0..count) taken end to end, placed so that every thread
@@ -143,7 +143,7 @@ static void mm_thread(const mm_call *c, int tid, int nt)
 {
     const int64_t cols = c->w[0]->cols;
     /* the dequantised rows (prefill) or x quantised (decode) of this thread */
-    float scratch[quant_scratch_floats(cols, c->n)];
+    uint8_t scratch[quant_scratch_bytes(cols, c->n)];
     quant_x q;
     quant_prepare(&q, c->x, cols, c->n, scratch);
     int wa, wb;
@@ -152,7 +152,7 @@ static void mm_thread(const mm_call *c, int tid, int nt)
     split_at(c->w, c->count, c->n, tid + 1, nt, &wb, &rb);
     for (int i = wa; i <= wb; i++) {
         const int64_t r0 = i == wa ? ra : 0, r1 = i == wb ? rb : c->w[i]->rows;
-        if (r0 < r1) quant_rows(c->y[i], c->w[i], c->x, c->n, r0, r1, &q);
+        if (r0 < r1) quant_rows(c->y[i], c->w[i], r0, r1, &q);
     }
 }
 

@@ -1,6 +1,21 @@
-/* quant.c - per weight type: dequantising a row, and the row kernels of the products (the
- * decode matvec fused with dequantisation, the prefill tiles over dequantised rows). The
- * threads that call them are matmul.c's. */
+/* quant.c - per weight type: the row kernels of the products (the decode matvec fused with
+ * dequantisation, the prefill tiles) and fast row dequantisation, gathered in one table
+ * (quant_kernels_of); the threads that call them are matmul.c's.
+ *
+ * Two forms of integer kernels, chosen by the block:
+ *   32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): x rounded to int16 per 32 (xq16), a
+ *     block's integer weights times x16 by vpmaddwd (pairs summed into 32 bits, exact), one f32
+ *     FMA per block for d and x's step; offsets (Q4_0's -8, Q4_1's m, ...) through the block's
+ *     sum of x. Decode only: their prefill runs f32 tiles over rows dequantised in L1.
+ *   256-value K types (Q4_K, Q5_K, Q6_K): x rounded to int8 per 256 (xq8, as llama.cpp's Q8_K),
+ *     weights unpacked to unsigned bytes in registers, vpmaddubsw (u8 x s8 pairs into int16, no
+ *     saturation: at most 63 * 127 * 2) then vpdpwssd with the sub-block scales (int16 per
+ *     pair), so a super-block's sum of 256 products stays in int32 lanes with no per-sub-block
+ *     float work; Q4_K/Q5_K's mins and Q6_K's -32 go through the block sums of x. One kernel
+ *     (a tile of 4 rows by T tokens) serves decode (T = 1) and prefill (T up to 4): a 4-row
+ *     tile's weights are unpacked once per super-block for its T tokens.
+ * Every other type the formats read runs the generic path: rows dequantised by gguf_dequant,
+ * f32 dot products and tiles. */
 #include "quant.h"
 
 #include <math.h>
@@ -9,143 +24,99 @@
 #include "gguf.h"
 #include "simd.h"
 
-size_t weight_bytes(const weight *w)
+#if defined(OPS_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
+#define QUANT_AVX512 1
+#endif
+
+static inline uint32_t ld_u32(const uint8_t *p)
 {
-    return gguf_row_bytes(w->type, w->cols) * (size_t)w->rows;
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return u;
 }
 
-#ifdef OPS_AVX2
-/* Q8_0 block: f16 d, i8 q[32]; y = d * q. */
-static void dequant_q8_0(const uint8_t *b, float *y, int64_t n)
+static inline float ld_f16(const uint8_t *p)
 {
-    for (int64_t i = 0; i < n; i += 32, b += 34, y += 32) {
-        __m256 d = _mm256_set1_ps(f16_scalar(b));
-        for (int k = 0; k < 4; k++) {
-            __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k));
-            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    return gguf_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* Q4_K's and Q5_K's twelve scale bytes hold eight 6-bit scales and eight 6-bit mins: for j < 4
+ * the low 6 bits of bytes j and j + 4; for j >= 4 the low / high nibble of byte j + 4 with the
+ * top two bits from bits 6-7 of byte j - 4 / j. Returned as bytes j of *sc and *mn. */
+static inline void k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn)
+{
+    const uint32_t a = ld_u32(s), b = ld_u32(s + 4), c = ld_u32(s + 8);
+    *sc = (a & 0x3f3f3f3f) | (uint64_t)((c & 0x0f0f0f0f) | (a >> 2 & 0x30303030)) << 32;
+    *mn = (b & 0x3f3f3f3f) | (uint64_t)((c >> 4 & 0x0f0f0f0f) | (b >> 2 & 0x30303030)) << 32;
+}
+
+/* IQ4_NL's non-linear 4-bit codebook. */
+static const int8_t IQ4NL_VALUES[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* ---- x rounded for the integer kernels --------------------------------------------------------
+ *
+ * xq16: per block of 32, sx = max |x| / 32767 and x16 = round(x / sx), so |x16| <= 32767; a
+ * block of weights then dots with x16 exactly, and the one rounding is x's: at most sx / 2 per
+ * value, 1.5e-5 of the block's largest |x| (the f16 KV cache rounds each value by up to 4.9e-4
+ * of itself). Half the vector instructions of converting every weight to f32.
+ * xq8: per block of 256, d = max |x| / 127 and q = round(x / d): at most d / 2 per value, 0.4%
+ * of the block's largest |x|, what llama.cpp does for the K types; int8 lets vpmaddubsw take 32
+ * weights a 256-bit instruction, and the 256-value block lets a super-block's integer sum run
+ * through its sub-block scales without f32 work.
+ * A NaN or infinity anywhere in a block (its sum is not finite) makes the block's step NaN, so
+ * its products are NaN as the f32 kernels' would be. */
+
+static void xq16_ref(float *xs, float *sx, int16_t *x16, const float *x, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++, x += 32, x16 += 32) {
+        float amax = 0, sum = 0;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[k])), sum += x[k];
+        xs[b] = sum;
+        sx[b] = isfinite(sum) ? amax / 32767 : NAN;
+        const float inv = amax > 0 && isfinite(sum) ? 32767 / amax : 0;
+        for (int k = 0; k < 32; k++) x16[k] = isfinite(sum) ? (int16_t)lrintf(x[k] * inv) : 0;
+    }
+}
+
+static void xq8_ref(int8_t *q, float *d, int16_t *s16, const float *x, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++, x += 256, q += 256) {
+        float amax = 0, sum = 0;
+        for (int k = 0; k < 256; k++) amax = fmaxf(amax, fabsf(x[k])), sum += x[k];
+        d[b] = isfinite(sum) ? amax / 127 : NAN;
+        const float inv = amax > 0 && isfinite(sum) ? 127 / amax : 0;
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int k = 16 * j; k < 16 * j + 16; k++) s += q[k] = isfinite(sum) ? (int8_t)lrintf(x[k] * inv) : 0;
+            s16[16 * b + j] = (int16_t)s;
         }
     }
 }
 
-/* Q4_0 / Q4_1 block: f16 d (, f16 m), u8 qs[16]; low nibbles are values 0..15, high 16..31.
- * Q4_0: y = d * (q - 8); Q4_1: y = d * q + m. */
-static void dequant_q4(const uint8_t *b, float *y, int64_t n, int has_min)
-{
-    const int bytes = has_min ? 20 : 18;
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    for (int64_t i = 0; i < n; i += 32, b += bytes, y += 32) {
-        __m256 d = _mm256_set1_ps(f16_scalar(b));
-        __m256 m = _mm256_set1_ps(has_min ? f16_scalar(b + 2) : -8 * f16_scalar(b));
-        __m128i q = _mm_loadu_si128((const __m128i *)(b + bytes - 16));
-        __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-        __m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
-        for (int k = 0; k < 4; k++) {
-            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
-            _mm256_storeu_ps(y + 8 * k, _mm256_fmadd_ps(d, v, m));
-        }
-    }
-}
-
-static void dequant_f16(const uint8_t *b, float *y, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * i))));
-    for (; i < n; i++) y[i] = f16_scalar(b + 2 * i);
-}
-
-static void dequant_bf16(const uint8_t *b, float *y, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 * i)));
-        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
-    }
-    for (; i < n; i++) {
-        uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16;
-        memcpy(y + i, &u, 4);
-    }
-}
-#endif
-
-void weight_row_ref(const weight *w, int64_t r, float *out)
-{
-    size_t rb = gguf_row_bytes(w->type, w->cols);
-    gguf_dequant(w->type, (const uint8_t *)w->data + rb * (size_t)r, out, w->cols);
-}
-
-void weight_row(const weight *w, int64_t r, float *out)
-{
 #ifdef OPS_AVX2
-    const size_t rb = gguf_row_bytes(w->type, w->cols);
-    const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r;
-    switch (w->type) {
-    case GGUF_TYPE_Q8_0: dequant_q8_0(b, out, w->cols); return;
-    case GGUF_TYPE_Q4_0: dequant_q4(b, out, w->cols, 0); return;
-    case GGUF_TYPE_Q4_1: dequant_q4(b, out, w->cols, 1); return;
-    case GGUF_TYPE_F16: dequant_f16(b, out, w->cols); return;
-    case GGUF_TYPE_BF16: dequant_bf16(b, out, w->cols); return;
-    default: break;
-    }
-#endif
-    weight_row_ref(w, r, out);
+static inline float hmax256(__m256 m)
+{
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* ---- matrix products ------------------------------------------------------------------------
- *
- * Decode (n == 1) streams the weights once and is bound by memory bandwidth: each row is read a
- * block at a time, unpacked in registers and multiplied into x with no row buffer (fused
- * dequant + dot). For Q4_0/Q4_1 the per-block offset is applied through the block sums of x:
- * sum_k (d q_k + m) x_k = d sum_k q_k x_k + m sum_k x_k, so a block costs one FMA per 8 values.
- *
- * Prefill (n > 1) is bound by arithmetic: four weight rows are dequantised to f32 (in L1) and
- * multiplied against three tokens at a time with the twelve partial sums in ymm registers, one
- * transposing reduction per four outputs. Tokens go in tiles whose x rows fit in L2, so each
- * weight row is dequantised once per tile rather than once per token.
- *
- * Threads are matmul.c's: each takes one contiguous, balanced run of rows. */
-
-/* Bytes of x rows a prefill token tile may hold (L2 is 512 KB per core here; 64 tokens of
- * 1536 columns, 393 KB, measured faster as one tile than as three). */
-#ifndef MM_TILE_BYTES
-#define MM_TILE_BYTES (512 * 1024)
-#endif
-
-/* Bytes the decode matvec prefetches ahead of the four rows it is reading. The hardware
- * prefetcher alone left the decode sweep at 9-10 GB/s here. With the f32 kernels 1536 bytes
- * ahead measured best (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes: 12.8-14.1
- * / 13.2-14.8 / 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads); the integer kernels
- * consume rows faster, and the sweep's median of 7 runs went 6.18 / 5.95 / 5.74 ms at 1536 /
- * 2048 / 3072 bytes (2560: 5.73, 4 runs). */
-#ifndef MV_AHEAD
-#define MV_AHEAD 2560
-#endif
-
-#ifdef OPS_AVX2
-/* x for the integer decode kernels, per block b of 32 values: xs[b], their sum (exact f32, for
- * the Q4 offsets), sx[b] = max |x| / 32767 and x16 = round(x / sx), so |x16| <= 32767. A block
- * of weights then dots with x16 in exact integer arithmetic (vpmaddwd: 4-bit or 8-bit weights
- * times 16-bit x, pairs summed into 32 bits, no overflow), and the one rounding is x's: at most
- * sx / 2 per value, 1.5e-5 of the block's largest |x| (the f16 KV cache rounds each value by up
- * to 4.9e-4 of itself). Half the vector instructions of converting every weight to f32, which
- * bound the decode matvec on this machine's cores. */
-
-static void x_quantize(float *xs, float *sx, int16_t *x16, const float *x, int64_t nb)
+static void xq16_fast(float *xs, float *sx, int16_t *x16, const float *x, int64_t nb)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < nb; b++, x += 32, x16 += 32) {
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
         xs[b] = hsum256(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        /* a NaN or infinity anywhere in the block (its sum is not finite) makes the block's
-         * products NaN, as the f32 kernels would */
+        const float amax = hmax256(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3))));
         sx[b] = isfinite(xs[b]) ? amax / 32767 : NAN;
-        const __m256 inv = _mm256_set1_ps(amax > 0 && isfinite(xs[b]) ? 32767 / amax : 0);
+        if (!isfinite(xs[b])) {   /* x * 0 is NaN for an infinity: all zero instead */
+            memset(x16, 0, 64);
+            continue;
+        }
+        const __m256 inv = _mm256_set1_ps(amax > 0 ? 32767 / amax : 0);
         const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
         const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
         /* packs works within 128-bit lanes: 0xD8 puts the four quarters back in order */
@@ -154,6 +125,229 @@ static void x_quantize(float *xs, float *sx, int16_t *x16, const float *x, int64
     }
 }
 
+/* (sum a, sum b) of eight int32 lanes each */
+static inline void hsum2_epi32(__m256i a, __m256i b, int *sa, int *sb)
+{
+    __m256i h = _mm256_hadd_epi32(a, b);   /* per lane: a01 a23 b01 b23 */
+    h = _mm256_hadd_epi32(h, h);           /* per lane: a b a b */
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    *sa = _mm_cvtsi128_si32(s);
+    *sb = _mm_extract_epi32(s, 1);
+}
+
+static void xq8_fast(int8_t *q, float *d, int16_t *s16, const float *x, int64_t nb)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < nb; b++, x += 256, q += 256) {
+        __m256 m = _mm256_setzero_ps(), s = _mm256_setzero_ps();
+        for (int k = 0; k < 256; k += 8) {
+            const __m256 v = _mm256_loadu_ps(x + k);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            s = _mm256_add_ps(s, v);
+        }
+        const float amax = hmax256(m), sum = hsum256(s);
+        d[b] = isfinite(sum) ? amax / 127 : NAN;
+        if (!isfinite(sum)) {   /* x * 0 is NaN for an infinity: all zero instead */
+            memset(q, 0, 256);
+            memset(s16 + 16 * b, 0, 32);
+            continue;
+        }
+        const __m256 inv = _mm256_set1_ps(amax > 0 ? 127 / amax : 0);
+        for (int k = 0; k < 256; k += 32) {
+            const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), inv));
+            const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), inv));
+            const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 16), inv));
+            const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 24), inv));
+            /* the two packs interleave the four vectors by 32-bit units within lanes */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(p, order));
+            int sa, sb;
+            hsum2_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3), &sa, &sb);
+            s16[16 * b + k / 16] = (int16_t)sa;
+            s16[16 * b + k / 16 + 1] = (int16_t)sb;
+        }
+    }
+}
+#endif
+
+void quant_xq16(xq16 *o, const float *x, int64_t cols, void *buf, int ref)
+{
+    const int64_t nb = cols / 32;
+    int16_t *x16 = buf;
+    float *xs = (float *)(x16 + cols), *sx = xs + nb;
+#ifdef OPS_AVX2
+    if (!ref) xq16_fast(xs, sx, x16, x, nb);
+    else
+#endif
+        xq16_ref(xs, sx, x16, x, nb);
+    *o = (xq16){ xs, sx, x16 };
+}
+
+#define ALIGN64(n) (((n) + 63) & ~(size_t)63)
+
+size_t quant_xq8_bytes(int64_t cols, int n)
+{
+    const size_t v = (size_t)cols * n;
+#ifdef QUANT_AVX512
+    const size_t qp = v;
+#else
+    const size_t qp = 0;
+#endif
+    return ALIGN64(v) + ALIGN64(qp) + ALIGN64(v / 256 * 4) + ALIGN64(v / 16 * 2) + ALIGN64(v / 32 * 2);
+}
+
+void quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref)
+{
+    const size_t v = (size_t)cols * n, nb = v / 256;
+    uint8_t *p = buf;
+    int8_t *q = (int8_t *)p, *qp = NULL;
+    p += ALIGN64(v);
+#ifdef QUANT_AVX512
+    qp = (int8_t *)p;
+    p += ALIGN64(v);
+#endif
+    float *d = (float *)p;
+    p += ALIGN64(nb * 4);
+    int16_t *s16 = (int16_t *)p;
+    p += ALIGN64(v / 16 * 2);
+    int16_t *s32 = (int16_t *)p;
+#ifdef OPS_AVX2
+    if (!ref) xq8_fast(q, d, s16, x, (int64_t)nb);
+    else
+#endif
+        xq8_ref(q, d, s16, x, (int64_t)nb);
+    for (size_t j = 0; j < v / 32; j++) s32[j] = (int16_t)(s16[2 * j] + s16[2 * j + 1]);
+    if (qp)
+        for (size_t k = 0; k < v; k += 128) {
+            memcpy(qp + k, q + k, 32);
+            memcpy(qp + k + 32, q + k + 64, 32);
+            memcpy(qp + k + 64, q + k + 32, 32);
+            memcpy(qp + k + 96, q + k + 96, 32);
+        }
+    *o = (xq8){ q, qp, d, s16, s32, cols };
+}
+
+/* ---- scalar twins of the integer kernels ------------------------------------------------------
+ *
+ * One row, one token, the same rounded x, in plain C: the weights' integers, their integer dot
+ * with x's, then the same f32 scalings. The kernels must match these within the rounding of f32
+ * sums in another order (tests/test_quant.c). */
+
+/* q[0..31] of a 32-value block and its d, offset per unit of x sum (o) and weight scale (d):
+ * value = d * q + o. */
+static void b32_decode(uint32_t type, const uint8_t *b, int q[32], float *d, float *o)
+{
+    *d = ld_f16(b);
+    *o = 0;
+    switch (type) {
+    case GGUF_TYPE_Q8_0:
+        for (int j = 0; j < 32; j++) q[j] = (int8_t)b[2 + j];
+        return;
+    case GGUF_TYPE_Q4_0: case GGUF_TYPE_Q4_1: case GGUF_TYPE_IQ4_NL: {
+        const uint8_t *qs = b + (type == GGUF_TYPE_Q4_1 ? 4 : 2);
+        for (int j = 0; j < 16; j++) q[j] = qs[j] & 15, q[j + 16] = qs[j] >> 4;
+        if (type == GGUF_TYPE_IQ4_NL)
+            for (int j = 0; j < 32; j++) q[j] = IQ4NL_VALUES[q[j]];
+        *o = type == GGUF_TYPE_Q4_0 ? -8 * *d : type == GGUF_TYPE_Q4_1 ? ld_f16(b + 2) : 0;
+        return;
+    }
+    case GGUF_TYPE_Q5_0: case GGUF_TYPE_Q5_1: {
+        const int m = type == GGUF_TYPE_Q5_1;
+        const uint32_t qh = ld_u32(b + 2 + 2 * m);
+        const uint8_t *qs = b + 6 + 2 * m;
+        for (int j = 0; j < 16; j++) {
+            q[j] = (qs[j] & 15) | (qh >> j & 1) << 4;
+            q[j + 16] = (qs[j] >> 4) | (qh >> (j + 16) & 1) << 4;
+        }
+        *o = m ? ld_f16(b + 2) : -16 * *d;
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* sum_b d sx (q . x16) + o xs, blocks of type bt */
+static float b32_dot_ref(uint32_t bt, size_t bb, const uint8_t *b, const void *xv, int64_t cols)
+{
+    const xq16 *x = xv;
+    float acc = 0, acco = 0;
+    for (int64_t i = 0; i < cols / 32; i++, b += bb) {
+        int q[32], s = 0;
+        float d, o;
+        b32_decode(bt, b, q, &d, &o);
+        for (int j = 0; j < 32; j++) s += q[j] * x->x16[32 * i + j];
+        acc += d * x->sx[i] * (float)s;
+        acco += o * x->xs[i];
+    }
+    return acc + acco;
+}
+
+static float dot_ref_q4_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q4_0, 18, b, x, c); }
+static float dot_ref_q4_1(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q4_1, 20, b, x, c); }
+static float dot_ref_q5_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q5_0, 22, b, x, c); }
+static float dot_ref_q5_1(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q5_1, 24, b, x, c); }
+static float dot_ref_q8_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q8_0, 34, b, x, c); }
+static float dot_ref_iq4_nl(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_IQ4_NL, 18, b, x, c); }
+
+/* Q4_K (q5 0) and Q5_K: per super-block (d dx) sum_s sc_s (q . x8)_s - (dmin dx) sum_s m_s sum_s x8 */
+static float q45k_dot_ref(const uint8_t *b, const xq8 *x, int64_t cols, int q5)
+{
+    const size_t bb = q5 ? 176 : 144;
+    const uint8_t *qs0 = b + (q5 ? 48 : 16);
+    float acc = 0;
+    for (int64_t i = 0; i < cols / 256; i++, b += bb, qs0 += bb) {
+        uint64_t sc, mn;
+        k_scales(b + 4, &sc, &mn);
+        int isum = 0, msum = 0;
+        for (int s = 0; s < 8; s++) {
+            const uint8_t *qs = qs0 + 32 * (s / 2);
+            const int8_t *xq = x->q + 256 * i + 32 * s;
+            int dot = 0, xsum = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = s % 2 ? qs[l] >> 4 : qs[l] & 15;
+                if (q5) v |= (b[16 + l] >> s & 1) << 4;
+                dot += v * xq[l];
+                xsum += xq[l];
+            }
+            isum += (int)(sc >> 8 * s & 0xff) * dot;
+            msum += (int)(mn >> 8 * s & 0xff) * xsum;
+        }
+        acc += ld_f16(b) * x->d[i] * (float)isum - ld_f16(b + 2) * x->d[i] * (float)msum;
+    }
+    return acc;
+}
+
+static float dot_ref_q4_k(const uint8_t *b, const void *x, int64_t c) { return q45k_dot_ref(b, x, c, 0); }
+static float dot_ref_q5_k(const uint8_t *b, const void *x, int64_t c) { return q45k_dot_ref(b, x, c, 1); }
+
+/* Q6_K: per super-block (d dx) sum_s sc_s ((q . x8)_s - 32 sum_s x8), sub-blocks of 16 */
+static float dot_ref_q6_k(const uint8_t *b, const void *xv, int64_t cols)
+{
+    const xq8 *x = xv;
+    float acc = 0;
+    for (int64_t i = 0; i < cols / 256; i++, b += 210) {
+        int isum = 0;
+        for (int v0 = 0; v0 < 256; v0 += 16) {
+            int dot = 0, xsum = 0;
+            for (int v = v0; v < v0 + 16; v++) {
+                const int h = v / 128, r = v % 128;
+                const int lo = b[64 * h + r % 64] >> 4 * (r / 64) & 15, hi = b[128 + 32 * h + r % 32] >> 2 * (r / 32) & 3;
+                const int8_t xq = x->q[256 * i + v];
+                dot += (lo | hi << 4) * xq;
+                xsum += xq;
+            }
+            isum += (int8_t)b[192 + v0 / 16] * (dot - 32 * xsum);
+        }
+        acc += ld_f16(b + 208) * x->d[i] * (float)isum;
+    }
+    return acc;
+}
+
+/* ---- the 32-value block kernels (xq16) -------------------------------------------------------- */
+
+#ifdef OPS_AVX2
 /* lo . xlo + hi . xhi as eight 32-bit sums (one vpdpwssd where AVX512-VNNI has it) */
 static inline __m256i madd2_epi16(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi)
 {
@@ -179,42 +373,41 @@ static inline __m256 q8_block_dot(const uint8_t *qs, __m256i xlo, __m256i xhi)
                                           _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16))), xhi));
 }
 
-#define X16_LO(q, i) _mm256_loadu_si256((const __m256i *)((q)->x16 + 32 * (i)))
-#define X16_HI(q, i) _mm256_loadu_si256((const __m256i *)((q)->x16 + 32 * (i) + 16))
-
-/* One row of Q4_1 (f16 d, f16 m, u8 qs[16] per block): sum_b d sx (q . x16) + m xs. */
-static float rowdot_q4_1(const uint8_t *b, const xq *x, int64_t nb)
+/* Sixteen bits of qh as 16 in the int16 lanes whose bit is set (Q5's fifth bit). */
+static inline __m256i q5_bits16(uint32_t bits)
 {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
-    for (int64_t i = 0; i < nb; i++, b += 20) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 4, X16_LO(x, i), X16_HI(x, i)), acc);
-        accm += f16_scalar(b + 2) * x->xs[i];
-    }
-    return hsum256(acc) + accm;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_set1_epi16((__mmask16)bits, 16);
+#else
+    const __m256i m = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        (short)32768);
+    const __m256i v = _mm256_and_si256(_mm256_set1_epi16((short)bits), m);
+    return _mm256_and_si256(_mm256_cmpeq_epi16(v, m), _mm256_set1_epi16(16));
+#endif
 }
 
-/* One row of Q4_0 (f16 d, u8 qs[16]; value d (q - 8)): the offset is -8 sum_b d xs. */
-static float rowdot_q4_0(const uint8_t *b, const xq *x, int64_t nb)
+/* q . x16 over one Q5 block: qh (32 fifth bits, bit j for value j), qs as Q4's */
+static inline __m256 q5_block_dot(const uint8_t *qh, const uint8_t *qs, __m256i xlo, __m256i xhi)
 {
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0;
-    for (int64_t i = 0; i < nb; i++, b += 18) {
-        const float d = f16_scalar(b);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x->sx[i]), q4_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
-        accm += d * x->xs[i];
-    }
-    return hsum256(acc) - 8 * accm;
+    const uint32_t h = ld_u32(qh);
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi16(0x0F)), q5_bits16(h & 0xffff));
+    const __m256i hi = _mm256_or_si256(_mm256_srli_epi16(w, 4), q5_bits16(h >> 16));
+    return _mm256_cvtepi32_ps(madd2_epi16(lo, xlo, hi, xhi));
 }
 
-/* One row of Q8_0 (f16 d, i8 qs[32]). */
-static float rowdot_q8_0(const uint8_t *b, const xq *x, int64_t nb)
+/* kvalues[q] . x16 over one IQ4_NL block */
+static inline __m256 iq4nl_block_dot(const uint8_t *qs, __m256i xlo, __m256i xhi)
 {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += 34)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q8_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), acc);
-    return hsum256(acc);
+    const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL_VALUES), m4 = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(v, m4));
+    const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    return _mm256_cvtepi32_ps(madd2_epi16(_mm256_cvtepi8_epi16(lo), xlo, _mm256_cvtepi8_epi16(hi), xhi));
 }
+
+#define X16_LO(x, i) _mm256_loadu_si256((const __m256i *)((x)->x16 + 32 * (i)))
+#define X16_HI(x, i) _mm256_loadu_si256((const __m256i *)((x)->x16 + 32 * (i) + 16))
 
 static inline __m128 f16x4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
 {
@@ -222,60 +415,524 @@ static inline __m128 f16x4(const uint8_t *p0, const uint8_t *p1, const uint8_t *
                                        (short)(p2[0] | p2[1] << 8), (short)(p3[0] | p3[1] << 8), 0, 0, 0, 0));
 }
 
+/* One row of Q4_1 (f16 d, f16 m, u8 qs[16] per block): sum_b d sx (q . x16) + m xs. */
+static float dot1_q4_1(const uint8_t *b, const void *xv, int64_t cols)
+{
+    const xq16 *x = xv;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < cols / 32; i++, b += 20) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 4, X16_LO(x, i), X16_HI(x, i)), acc);
+        accm += f16_scalar(b + 2) * x->xs[i];
+    }
+    return hsum256(acc) + accm;
+}
+
+/* One row of a type with one f16 d per block (Q4_0, Q5_0, Q8_0, IQ4_NL): sum_b d sx (q . x16)
+ * + ofs sum_b d xs, the offset ofs -8 (Q4_0), -16 (Q5_0) or none. */
+#define DOT1_D(name, bytes, QDOT, ofs)                                                             \
+    static float name(const uint8_t *b, const void *xv, int64_t cols)                             \
+    {                                                                                              \
+        const xq16 *x = xv;                                                                        \
+        __m256 acc = _mm256_setzero_ps();                                                          \
+        float accm = 0;                                                                            \
+        for (int64_t i = 0; i < cols / 32; i++, b += (bytes)) {                                    \
+            const float d = f16_scalar(b);                                                         \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x->sx[i]), QDOT, acc);                        \
+            if (ofs) accm += d * x->xs[i];                                                         \
+        }                                                                                          \
+        return hsum256(acc) + (ofs) * accm;                                                        \
+    }
+DOT1_D(dot1_q4_0, 18, q4_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), -8)
+DOT1_D(dot1_q5_0, 22, q5_block_dot(b + 2, b + 6, X16_LO(x, i), X16_HI(x, i)), -16)
+DOT1_D(dot1_q8_0, 34, q8_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), 0)
+DOT1_D(dot1_iq4_nl, 18, iq4nl_block_dot(b + 2, X16_LO(x, i), X16_HI(x, i)), 0)
+#undef DOT1_D
+
 /* Four rows at a time (y[0..3]), as the one-row kernels: x's block is loaded once for the four,
  * the four rows' scales are converted together, and four accumulator chains hide the latency. */
-#define ROWDOT4_BODY(QDOT, OFS)                                                                   \
+#define ROWDOT4_BODY(QDOT)                                                                         \
     const __m256i xl = X16_LO(x, i), xh = X16_HI(x, i);                                          \
-    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 0), QDOT(b + (OFS), xl, xh), a0);              \
-    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 1), QDOT(b + rb + (OFS), xl, xh), a1);         \
-    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2), QDOT(b + 2 * rb + (OFS), xl, xh), a2);     \
-    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 3), QDOT(b + 3 * rb + (OFS), xl, xh), a3)
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 0), QDOT(b), a0);                               \
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 1), QDOT(b + rb), a1);                          \
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 2), QDOT(b + 2 * rb), a2);                      \
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(ds + 3), QDOT(b + 3 * rb), a3)
 
-static void rowdot4_q4_1(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    __m128 am = _mm_setzero_ps();
-    float ds[4];
-    for (int64_t i = 0; i < nb; i++, b += 20) {
-        __m128 dm01 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b)),
-                                                      _mm_cvtsi32_si128((int)load_u32(b + rb))));
-        __m128 dm23 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b + 2 * rb)),
-                                                      _mm_cvtsi32_si128((int)load_u32(b + 3 * rb))));
-        _mm_storeu_ps(ds, _mm_mul_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(2, 0, 2, 0)), _mm_broadcast_ss(x->sx + i)));
-        am = _mm_fmadd_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(3, 1, 3, 1)), _mm_broadcast_ss(x->xs + i), am);
-        ROWDOT4_BODY(q4_block_dot, 4);
+/* Q4_1 and Q5_1: an f16 d and m per block */
+#define DOT4_DM(name, bytes, QDOT)                                                                 \
+    static void name(float *y, const uint8_t *b, size_t rb, const void *xv, int64_t cols)        \
+    {                                                                                              \
+        const xq16 *x = xv;                                                                        \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();      \
+        __m256 a3 = _mm256_setzero_ps();                                                           \
+        __m128 am = _mm_setzero_ps();                                                              \
+        float ds[4];                                                                               \
+        for (int64_t i = 0; i < cols / 32; i++, b += (bytes)) {                                    \
+            __m128 dm01 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b)),    \
+                                                          _mm_cvtsi32_si128((int)load_u32(b + rb)))); \
+            __m128 dm23 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(b + 2 * rb)), \
+                                                          _mm_cvtsi32_si128((int)load_u32(b + 3 * rb)))); \
+            _mm_storeu_ps(ds, _mm_mul_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(2, 0, 2, 0)),      \
+                                         _mm_broadcast_ss(x->sx + i)));                            \
+            am = _mm_fmadd_ps(_mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(3, 1, 3, 1)),                 \
+                              _mm_broadcast_ss(x->xs + i), am);                                    \
+            ROWDOT4_BODY(QDOT);                                                                    \
+        }                                                                                          \
+        _mm_storeu_ps(y, _mm_add_ps(hsum4x256(a0, a1, a2, a3), am));                               \
     }
-    _mm_storeu_ps(y, _mm_add_ps(hsum4x256(a0, a1, a2, a3), am));
+#define QDOT_Q4_1(p) q4_block_dot((p) + 4, xl, xh)
+#define QDOT_Q5_1(p) q5_block_dot((p) + 4, (p) + 8, xl, xh)
+DOT4_DM(dot4_q4_1, 20, QDOT_Q4_1)
+DOT4_DM(dot4_q5_1, 24, QDOT_Q5_1)
+
+static float dot1_q5_1(const uint8_t *b, const void *xv, int64_t cols)
+{
+    const xq16 *x = xv;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (int64_t i = 0; i < cols / 32; i++, b += 24) {
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q5_block_dot(b + 4, b + 8, X16_LO(x, i), X16_HI(x, i)), acc);
+        accm += f16_scalar(b + 2) * x->xs[i];
+    }
+    return hsum256(acc) + accm;
 }
 
-static void rowdot4_q4_0(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    __m128 am = _mm_setzero_ps();
-    float ds[4];
-    for (int64_t i = 0; i < nb; i++, b += 18) {
-        __m128 dv = f16x4(b, b + rb, b + 2 * rb, b + 3 * rb);
-        _mm_storeu_ps(ds, _mm_mul_ps(dv, _mm_broadcast_ss(x->sx + i)));
-        am = _mm_fmadd_ps(dv, _mm_broadcast_ss(x->xs + i), am);
-        ROWDOT4_BODY(q4_block_dot, 2);
+/* one f16 d per block, offset ofs * d * xs */
+#define DOT4_D(name, bytes, QDOT, ofs)                                                             \
+    static void name(float *y, const uint8_t *b, size_t rb, const void *xv, int64_t cols)        \
+    {                                                                                              \
+        const xq16 *x = xv;                                                                        \
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps();      \
+        __m256 a3 = _mm256_setzero_ps();                                                           \
+        __m128 am = _mm_setzero_ps();                                                              \
+        float ds[4];                                                                               \
+        for (int64_t i = 0; i < cols / 32; i++, b += (bytes)) {                                    \
+            __m128 dv = f16x4(b, b + rb, b + 2 * rb, b + 3 * rb);                                  \
+            _mm_storeu_ps(ds, _mm_mul_ps(dv, _mm_broadcast_ss(x->sx + i)));                        \
+            if (ofs) am = _mm_fmadd_ps(dv, _mm_broadcast_ss(x->xs + i), am);                       \
+            ROWDOT4_BODY(QDOT);                                                                    \
+        }                                                                                          \
+        __m128 s = hsum4x256(a0, a1, a2, a3);                                                      \
+        _mm_storeu_ps(y, (ofs) ? _mm_fmadd_ps(_mm_set1_ps((float)(ofs)), am, s) : s);             \
     }
-    _mm_storeu_ps(y, _mm_fnmadd_ps(_mm_set1_ps(8), am, hsum4x256(a0, a1, a2, a3)));
-}
-
-static void rowdot4_q8_0(float *y, const uint8_t *b, size_t rb, const xq *x, int64_t nb)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    float ds[4];
-    for (int64_t i = 0; i < nb; i++, b += 34) {
-        _mm_storeu_ps(ds, _mm_mul_ps(f16x4(b, b + rb, b + 2 * rb, b + 3 * rb), _mm_broadcast_ss(x->sx + i)));
-        ROWDOT4_BODY(q8_block_dot, 2);
-    }
-    _mm_storeu_ps(y, hsum4x256(a0, a1, a2, a3));
-}
+#define QDOT_Q4_0(p) q4_block_dot((p) + 2, xl, xh)
+#define QDOT_Q5_0(p) q5_block_dot((p) + 2, (p) + 6, xl, xh)
+#define QDOT_Q8_0(p) q8_block_dot((p) + 2, xl, xh)
+#define QDOT_IQ4NL(p) iq4nl_block_dot((p) + 2, xl, xh)
+DOT4_D(dot4_q4_0, 18, QDOT_Q4_0, -8)
+DOT4_D(dot4_q5_0, 22, QDOT_Q5_0, -16)
+DOT4_D(dot4_q8_0, 34, QDOT_Q8_0, 0)
+DOT4_D(dot4_iq4_nl, 18, QDOT_IQ4NL, 0)
+#undef DOT4_D
+#undef DOT4_DM
 #undef ROWDOT4_BODY
 
-static float rowdot_f16(const uint8_t *b, const float *x, int64_t n)
+/* ---- the K-type tiles (xq8) -------------------------------------------------------------------
+ *
+ * A tile: rows w[0..3] by T tokens (T a constant after inlining). Per super-block and row the
+ * weights are unpacked once into unsigned bytes (4 vectors of 64 values with AVX-512, 8 of 32
+ * with AVX2), then for each token: vpmaddubsw with x's int8 (pairs into int16), vpdpwssd with
+ * the sub-block scales spread over the pairs (int32 lanes: a super-block's sum is at most
+ * 256 * 63 * 127 * 128 in magnitude, no overflow), and one f32 FMA of the lanes by d dx. The
+ * mins of Q4_K/Q5_K (m . x's 32-sums) go four rows to a vector, by dmin dx. */
+
+static inline __m128 k_dm4(const uint8_t *const w[4], size_t off, __m128 *dmin)
 {
+    const __m128 dm01 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(w[0] + off)),
+                                                        _mm_cvtsi32_si128((int)load_u32(w[1] + off))));
+    const __m128 dm23 = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)load_u32(w[2] + off)),
+                                                        _mm_cvtsi32_si128((int)load_u32(w[3] + off))));
+    *dmin = _mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm_shuffle_ps(dm01, dm23, _MM_SHUFFLE(2, 0, 2, 0));
+}
+
+static inline void tile_store(float *y, size_t ldy, int t, int nr, __m128 v)
+{
+    if (nr == 4) {
+        _mm_storeu_ps(y + t * ldy, v);
+    } else {
+        float out[4];
+        _mm_storeu_ps(out, v);
+        for (int r = 0; r < nr; r++) y[t * ldy + r] = out[r];
+    }
+}
+
+#ifdef QUANT_AVX512
+static inline __m512i dpwssd512(__m512i acc, __m512i a, __m512i b)
+{
+#ifdef __AVX512VNNI__
+    return _mm512_dpwssd_epi32(acc, a, b);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+/* (sum a, sum b, sum c, sum d) */
+static inline __m128 hsum4x512(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+#define HALF(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
+    return hsum4x256(HALF(a), HALF(b), HALF(c), HALF(d));
+#undef HALF
+}
+
+/* (sum of lanes 0-3, 4-7, 8-11, 12-15) */
+static inline __m128 hsum_quads512(__m512 v)
+{
+    const __m128 l0 = _mm512_castps512_ps128(v), l1 = _mm512_extractf32x4_ps(v, 1);
+    const __m128 l2 = _mm512_extractf32x4_ps(v, 2), l3 = _mm512_extractf32x4_ps(v, 3);
+    return _mm_hadd_ps(_mm_hadd_ps(l0, l1), _mm_hadd_ps(l2, l3));
+}
+
+#define R8(v) v, v, v, v, v, v, v, v
+#define R32(v) R8(v), R8(v), R8(v), R8(v)
+#define SH8(a) a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80
+#define SH_LANES(a, b) SH8(a), SH8(a), SH8(b), SH8(b)
+/* A 64-byte load of Q4_K's nibbles gives, low nibbles, sub-blocks [s | s + 2] and, high, [s + 1
+ * | s + 3]: vpshufb controls that spread scale bytes (0-7 of each 128-bit lane) over the int16
+ * pairs of the four vectors of a super-block, and the Q5_K qh bits of their values. */
+static const uint8_t K4_SCALE_SHUF[4][64] __attribute__((aligned(64))) = {
+    { SH_LANES(0, 2) }, { SH_LANES(1, 3) }, { SH_LANES(4, 6) }, { SH_LANES(5, 7) },
+};
+static const uint8_t K5_BITS[4][64] __attribute__((aligned(64))) = {
+    { R32(1), R32(4) }, { R32(2), R32(8) }, { R32(16), R32(64) }, { R32(32), R32(128) },
+};
+/* vpermw indices that spread Q6_K's sixteen scales (int16) over the vectors: values 64 k ..
+ * 64 k + 63 are sub-blocks 4 k .. 4 k + 3 of 16 */
+#define W8(a) a, a, a, a, a, a, a, a
+static const int16_t K6_SCALE_IDX[4][32] __attribute__((aligned(64))) = {
+    { W8(0), W8(1), W8(2), W8(3) }, { W8(4), W8(5), W8(6), W8(7) },
+    { W8(8), W8(9), W8(10), W8(11) }, { W8(12), W8(13), W8(14), W8(15) },
+};
+/* Q6_K's two high bits of the four vectors (qh[0..31] in both halves): shifted left into bits
+ * 4-5 (low nibbles: values 0-31 bits 0-1, values 32-63 bits 2-3) or right (high nibbles: 64-95
+ * bits 4-5, 96-127 bits 6-7) */
+static const int16_t K6_SHL[32] __attribute__((aligned(64))) = { W8(4), W8(4), W8(2), W8(2) };
+static const int16_t K6_SHR[32] __attribute__((aligned(64))) = { W8(0), W8(0), W8(2), W8(2) };
+/* lane -> row of the four rows' dmin spread over quads */
+static const int32_t QUAD_IDX[16] __attribute__((aligned(64))) = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 };
+#undef W8
+#undef SH_LANES
+#undef SH8
+#undef R32
+#undef R8
+
+#define LOAD512(p) _mm512_load_si512((const void *)(p))
+
+static inline __attribute__((always_inline)) void
+q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+          const uint8_t *pf, const int q5)
+{
+    const int64_t nb = cols / 256;
+    const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(16);
+    __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        accm[t] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t off = (size_t)i * bb;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * bb);
+        __m128 dmin;
+        const __m128 d = k_dm4(w, off, &dmin);
+        float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        uint64_t mn[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = w[r] + off;
+            uint64_t sc;
+            k_scales(b + 4, &sc, &mn[r]);
+            const __m512i S = _mm512_set1_epi64((long long)sc);
+            const __m512i v0 = _mm512_loadu_si512((const void *)(b + qso));
+            const __m512i v1 = _mm512_loadu_si512((const void *)(b + qso + 64));
+            __m512i q[4] = { _mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
+                             _mm512_and_si512(v1, m4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4) };
+            if (q5) {
+                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    q[k] = _mm512_mask_add_epi8(q[k], _mm512_test_epi8_mask(h, LOAD512(K5_BITS[k])), q[k], c16);
+            }
+            __m512i s[4];
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(S, LOAD512(K4_SCALE_SHUF[k]));
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = x->qp + t * cols + 256 * i;
+                __m512i ia = _mm512_setzero_si512();
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
+            }
+        }
+        /* mins: row r's eight as int16 lanes 8 r .. 8 r + 7, times x's 32-sums, into quad r */
+        const __m512i M = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)mn[3], (long long)mn[2],
+                                                                 (long long)mn[1], (long long)mn[0]));
+        const __m512 dmq = _mm512_permutexvar_ps(_mm512_load_si512(QUAD_IDX), _mm512_castps128_ps512(dmin));
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m512i s32 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
+            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(M, s32)),
+                                      _mm512_mul_ps(dmq, _mm512_set1_ps(x->d[t * nb + i])), accm[t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        tile_store(y, ldy, t, nr, _mm_sub_ps(hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), hsum_quads512(accm[t])));
+}
+
+static inline __attribute__((always_inline)) void
+q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+         const uint8_t *pf)
+{
+    const int64_t nb = cols / 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = LOAD512(K6_SHL), shr = LOAD512(K6_SHR);
+    __m512 acc[4][QUANT_TILE_T];
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t off = (size_t)i * 210;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * 210);
+        const __m128 d = f16x4(w[0] + off + 208, w[1] + off + 208, w[2] + off + 208, w[3] + off + 208);
+        float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = w[r] + off;
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            const __m512i S = _mm512_castsi256_si512(sc16);
+            /* -32 sc per sub-block, against x's 16-sums: the -32 of every value */
+            const __m512i nsc = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
+            __m512i q[4];
+            #pragma GCC unroll 4
+            for (int h = 0; h < 2; h++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * h));
+                const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+                /* a | (b & c): 0xF8 */
+                q[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_sllv_epi16(hb, shl), m30, 0xF8);
+                q[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                                         _mm512_srlv_epi16(hb, shr), m30, 0xF8);
+            }
+            __m512i s[4];
+            #pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(LOAD512(K6_SCALE_IDX[k]), S);
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = x->q + t * cols + 256 * i;
+                __m512i ia = dpwssd512(_mm512_setzero_si512(), nsc,
+                                       _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i))));
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+}
+#undef LOAD512
+
+#else /* AVX2 */
+
+#define SH16(a) a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, \
+                a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80
+/* vpshufb controls: scale byte j (of 0-7 in each lane) over all sixteen int16 lanes */
+static const uint8_t K4_SCALE_SHUF[8][32] __attribute__((aligned(32))) = {
+    { SH16(0) }, { SH16(1) }, { SH16(2) }, { SH16(3) }, { SH16(4) }, { SH16(5) }, { SH16(6) }, { SH16(7) },
+};
+#undef SH16
+#define B16(a) a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a
+/* Q6_K: byte 2 j in the low lane, 2 j + 1 in the high one (both bytes of each int16: the
+ * arithmetic shift right by 8 then sign-extends the scale) */
+static const uint8_t K6_SCALE_SHUF[8][32] __attribute__((aligned(32))) = {
+    { B16(0), B16(1) }, { B16(2), B16(3) }, { B16(4), B16(5) }, { B16(6), B16(7) },
+    { B16(8), B16(9) }, { B16(10), B16(11) }, { B16(12), B16(13) }, { B16(14), B16(15) },
+};
+#undef B16
+
+#define LOAD256(p) _mm256_load_si256((const __m256i *)(p))
+
+/* the mins of rows (2 j, 2 j + 1) as int16 lanes 8 r .., times x's 32-sums: lanes 4 r .. 4 r + 3 */
+static inline __m256 k_mins2(uint64_t m0, uint64_t m1, __m128i s32)
+{
+    const __m256i M = _mm256_cvtepu8_epi16(_mm_set_epi64x((long long)m1, (long long)m0));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(M, _mm256_broadcastsi128_si256(s32)));
+}
+
+static inline __attribute__((always_inline)) void
+q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+          const uint8_t *pf, const int q5)
+{
+    const int64_t nb = cols / 256;
+    const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), c16 = _mm256_set1_epi8(16);
+    const __m256i idx01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), idx23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc[4][QUANT_TILE_T], accm[2][QUANT_TILE_T];
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        accm[0][t] = accm[1][t] = _mm256_setzero_ps();
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t off = (size_t)i * bb;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * bb);
+        __m128 dmin;
+        const __m128 d = k_dm4(w, off, &dmin);
+        float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        uint64_t mn[4];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = w[r] + off;
+            uint64_t sc;
+            k_scales(b + 4, &sc, &mn[r]);
+            const __m256i S = _mm256_set1_epi64x((long long)sc);
+            const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            __m256i ia[QUANT_TILE_T];
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++) ia[t] = _mm256_setzero_si256();
+            #pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * c));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (q5) {
+                    const __m256i bl = _mm256_set1_epi8((char)(1 << 2 * c)), bh = _mm256_set1_epi8((char)(2 << 2 * c));
+                    lo = _mm256_add_epi8(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), c16));
+                    hi = _mm256_add_epi8(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), c16));
+                }
+                const __m256i slo = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c]));
+                const __m256i shi = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c + 1]));
+                #pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = x->q + t * cols + 256 * i + 64 * c;
+                    const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq));
+                    const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+                    ia[t] = _mm256_add_epi32(ia[t], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+                }
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(ddx[t][r]), acc[r][t]);
+        }
+        const __m256 dm = _mm256_castps128_ps256(dmin);
+        const __m256 dm01 = _mm256_permutevar8x32_ps(dm, idx01), dm23 = _mm256_permutevar8x32_ps(dm, idx23);
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const __m128i s32 = _mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i));
+            const __m256 dx = _mm256_set1_ps(x->d[t * nb + i]);
+            accm[0][t] = _mm256_fmadd_ps(k_mins2(mn[0], mn[1], s32), _mm256_mul_ps(dm01, dx), accm[0][t]);
+            accm[1][t] = _mm256_fmadd_ps(k_mins2(mn[2], mn[3], s32), _mm256_mul_ps(dm23, dx), accm[1][t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        /* quads of accm: rows 0, 1 | 2, 3 */
+        const __m256 m = _mm256_hadd_ps(accm[0][t], accm[1][t]);   /* r0 r0 r2 r2 | r1 r1 r3 r3 */
+        const __m128 mins = _mm_hadd_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));   /* r0 r2 r1 r3 */
+        const __m128 mr = _mm_permute_ps(mins, _MM_SHUFFLE(3, 1, 2, 0));
+        tile_store(y, ldy, t, nr, _mm_sub_ps(hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), mr));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
+         const uint8_t *pf)
+{
+    const int64_t nb = cols / 256;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4][QUANT_TILE_T];
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t off = (size_t)i * 210;
+        if (pf) prefetch_bytes(pf + 4 * off, 4 * 210);
+        const __m128 d = f16x4(w[0] + off + 208, w[1] + off + 208, w[2] + off + 208, w[3] + off + 208);
+        float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = w[r] + off;
+            const __m256i sb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + 192)));
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            const __m256i nsc = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+            __m256i ia[QUANT_TILE_T];
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                ia[t] = _mm256_madd_epi16(nsc, _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i)));
+            #pragma GCC unroll 4
+            for (int h = 0; h < 2; h++) {
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                const __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                };
+                #pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i s = _mm256_srai_epi16(_mm256_shuffle_epi8(sb, LOAD256(K6_SCALE_SHUF[4 * h + k])), 8);
+                    #pragma GCC unroll 4
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *xq = x->q + t * cols + 256 * i + 128 * h + 32 * k;
+                        ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)xq)), s));
+                    }
+                }
+            }
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(ddx[t][r]), acc[r][t]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+}
+#undef LOAD256
+#endif /* QUANT_AVX512 */
+
+/* The tiles by T (a constant in each instance). */
+#define TILE_FN(name, CALL)                                                                         \
+    static void name(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, int T, \
+                     int64_t cols, const uint8_t *pf)                                               \
+    {                                                                                               \
+        switch (T) {                                                                                \
+        case 1: CALL(1); return;                                                                    \
+        case 2: CALL(2); return;                                                                    \
+        case 3: CALL(3); return;                                                                    \
+        default: CALL(4); return;                                                                   \
+        }                                                                                           \
+    }
+#define CALL_Q4K(T) q45k_tile(y, ldy, w, nr, x, T, cols, pf, 0)
+#define CALL_Q5K(T) q45k_tile(y, ldy, w, nr, x, T, cols, pf, 1)
+#define CALL_Q6K(T) q6k_tile(y, ldy, w, nr, x, T, cols, pf)
+TILE_FN(tile_q4_k, CALL_Q4K)
+TILE_FN(tile_q5_k, CALL_Q5K)
+TILE_FN(tile_q6_k, CALL_Q6K)
+#undef TILE_FN
+
+/* ---- f32, f16, bf16 rows, and fast dequantisation --------------------------------------------- */
+
+static float dot1_f16(const uint8_t *b, const void *xv, int64_t n)
+{
+    const float *x = xv;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t i = 0;
 #define F16_AT(k) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * (k))))
@@ -292,8 +949,9 @@ static float rowdot_f16(const uint8_t *b, const float *x, int64_t n)
     return s;
 }
 
-static float rowdot_bf16(const uint8_t *b, const float *x, int64_t n)
+static float dot1_bf16(const uint8_t *b, const void *xv, int64_t n)
 {
+    const float *x = xv;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t i = 0;
 #define BF16_AT(k) _mm256_castsi256_ps(_mm256_slli_epi32( \
@@ -316,8 +974,9 @@ static float rowdot_bf16(const uint8_t *b, const float *x, int64_t n)
     return s;
 }
 
-static float rowdot_f32(const float *w, const float *x, int64_t n)
+static float dot1_f32(const uint8_t *b, const void *xv, int64_t n)
 {
+    const float *w = (const float *)b, *x = xv;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -332,12 +991,321 @@ static float rowdot_f32(const float *w, const float *x, int64_t n)
     return s;
 }
 
-/* Rows [r0, r1) of y = x W^T for n > 1 tokens; buf holds 4 dequantised rows of ld floats. */
-static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, int64_t r0,
-                              int64_t r1, float *buf, int64_t ld)
+/* Q8_0 block: f16 d, i8 q[32]; y = d * q. */
+static void row_q8_0(const uint8_t *b, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 32, b += 34, y += 32) {
+        __m256 d = _mm256_set1_ps(f16_scalar(b));
+        for (int k = 0; k < 4; k++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k));
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+        }
+    }
+}
+
+/* Q4_0 / Q4_1 block: f16 d (, f16 m), u8 qs[16]; low nibbles are values 0..15, high 16..31.
+ * Q4_0: y = d * (q - 8); Q4_1: y = d * q + m. */
+static void row_q4(const uint8_t *b, float *y, int64_t n, int has_min)
+{
+    const int bytes = has_min ? 20 : 18;
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n; i += 32, b += bytes, y += 32) {
+        __m256 d = _mm256_set1_ps(f16_scalar(b));
+        __m256 m = _mm256_set1_ps(has_min ? f16_scalar(b + 2) : -8 * f16_scalar(b));
+        __m128i q = _mm_loadu_si128((const __m128i *)(b + bytes - 16));
+        __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        __m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+        for (int k = 0; k < 4; k++) {
+            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k]));
+            _mm256_storeu_ps(y + 8 * k, _mm256_fmadd_ps(d, v, m));
+        }
+    }
+}
+static void row_q4_0(const uint8_t *b, float *y, int64_t n) { row_q4(b, y, n, 0); }
+static void row_q4_1(const uint8_t *b, float *y, int64_t n) { row_q4(b, y, n, 1); }
+
+/* IQ4_NL: y = d * kvalues[q] */
+static void row_iq4_nl(const uint8_t *b, float *y, int64_t n)
+{
+    const __m128i tab = _mm_loadu_si128((const __m128i *)IQ4NL_VALUES), m4 = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n; i += 32, b += 18, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16_scalar(b));
+        const __m128i v = _mm_loadu_si128((const __m128i *)(b + 2));
+        const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(v, m4));
+        const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+        const __m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+        for (int k = 0; k < 4; k++)
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k]))));
+    }
+}
+
+/* Q5_0: y = d * (q - 16), Q5_1: y = d * q + m; q's fifth bit j in the u32 qh (as ggml) */
+static void row_q5(const uint8_t *b, float *y, int64_t n, int has_min)
+{
+    const int bytes = has_min ? 24 : 22;
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    for (int64_t i = 0; i < n; i += 32, b += bytes, y += 32) {
+        const float d = f16_scalar(b);
+        const __m256 vd = _mm256_set1_ps(d), m = _mm256_set1_ps(has_min ? f16_scalar(b + 2) : -16 * d);
+        const uint32_t qh = load_u32(b + 2 + 2 * has_min);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + bytes - 16));
+        const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+        const __m128i parts[4] = { lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8) };
+        for (int k = 0; k < 4; k++) {
+            const __m256i h = _mm256_and_si256(_mm256_set1_epi32((int)(qh >> 8 * k)), bit);
+            const __m256i v = _mm256_add_epi32(_mm256_cvtepu8_epi32(parts[k]),
+                                               _mm256_and_si256(_mm256_cmpeq_epi32(h, bit), _mm256_set1_epi32(16)));
+            _mm256_storeu_ps(y + 8 * k, _mm256_fmadd_ps(vd, _mm256_cvtepi32_ps(v), m));
+        }
+    }
+}
+static void row_q5_0(const uint8_t *b, float *y, int64_t n) { row_q5(b, y, n, 0); }
+static void row_q5_1(const uint8_t *b, float *y, int64_t n) { row_q5(b, y, n, 1); }
+
+/* Q4_K / Q5_K: y = (d sc) q - (dmin m) per sub-block of 32, in the formats' order of operations */
+static void row_q45k(const uint8_t *b, float *y, int64_t n, int q5)
+{
+    const size_t bb = q5 ? 176 : 144;
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n; i += 256, b += bb) {
+        const float d = f16_scalar(b), dmin = f16_scalar(b + 2);
+        uint64_t sc, mn;
+        k_scales(b + 4, &sc, &mn);
+        const uint8_t *qs = b + (q5 ? 48 : 16);
+        for (int s = 0; s < 8; s++, y += 32) {
+            const __m256 vd = _mm256_set1_ps(d * (float)(sc >> 8 * s & 0xff));
+            const __m256 vm = _mm256_set1_ps(dmin * (float)(mn >> 8 * s & 0xff));
+            for (int h = 0; h < 2; h++) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(qs + 32 * (s / 2) + 16 * h));
+                v = _mm_and_si128(s % 2 ? _mm_srli_epi16(v, 4) : v, mask);
+                if (q5) {
+                    const __m128i hb = _mm_loadu_si128((const __m128i *)(b + 16 + 16 * h));
+                    const __m128i bs = _mm_set1_epi8((char)(1 << s));
+                    v = _mm_add_epi8(v, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, bs), bs), _mm_set1_epi8(16)));
+                }
+                const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+                _mm256_storeu_ps(y + 16 * h, _mm256_sub_ps(_mm256_mul_ps(vd, lo), vm));
+                _mm256_storeu_ps(y + 16 * h + 8, _mm256_sub_ps(_mm256_mul_ps(vd, hi), vm));
+            }
+        }
+    }
+}
+static void row_q4_k(const uint8_t *b, float *y, int64_t n) { row_q45k(b, y, n, 0); }
+static void row_q5_k(const uint8_t *b, float *y, int64_t n) { row_q45k(b, y, n, 1); }
+
+/* Q6_K: y = (d sc) (q - 32) per sub-block of 16 */
+static void row_q6_k(const uint8_t *b, float *y, int64_t n)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
+    for (int64_t i = 0; i < n; i += 256, b += 210) {
+        const float d = f16_scalar(b + 208);
+        for (int v0 = 0; v0 < 256; v0 += 16, y += 16) {
+            const int h = v0 / 128, r = v0 % 128;
+            __m128i lo = _mm_loadu_si128((const __m128i *)(b + 64 * h + r % 64));
+            lo = _mm_and_si128(r >= 64 ? _mm_srli_epi16(lo, 4) : lo, m4);
+            const __m128i hb = _mm_loadu_si128((const __m128i *)(b + 128 + 32 * h + r % 32));
+            const __m128i hi = _mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(2 * (r / 32))), m3);
+            const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), c32);
+            const __m256 vd = _mm256_set1_ps(d * (float)(int8_t)b[192 + v0 / 16]);
+            _mm256_storeu_ps(y, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+            _mm256_storeu_ps(y + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))));
+        }
+    }
+}
+
+static void row_f16(const uint8_t *b, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * i))));
+    for (; i < n; i++) y[i] = f16_scalar(b + 2 * i);
+}
+
+static void row_bf16(const uint8_t *b, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 2 * i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16;
+        memcpy(y + i, &u, 4);
+    }
+}
+#define K(f) f
+#else
+#define K(f) NULL
+#endif /* OPS_AVX2 */
+
+/* ---- the table -------------------------------------------------------------------------------- */
+
+static const quant_kernels KERNELS[GGUF_TYPE_COUNT] = {
+    [GGUF_TYPE_F32] = { "F32", 1, 4, QUANT_XF_F32, NULL, K(dot1_f32), NULL, NULL, NULL },
+    [GGUF_TYPE_F16] = { "F16", 1, 2, QUANT_XF_F32, NULL, K(dot1_f16), NULL, K(row_f16), NULL },
+    [GGUF_TYPE_BF16] = { "BF16", 1, 2, QUANT_XF_F32, NULL, K(dot1_bf16), NULL, K(row_bf16), NULL },
+    [GGUF_TYPE_Q4_0] = { "Q4_0", 32, 18, QUANT_XF_Q16, K(dot4_q4_0), K(dot1_q4_0), NULL, K(row_q4_0), dot_ref_q4_0 },
+    [GGUF_TYPE_Q4_1] = { "Q4_1", 32, 20, QUANT_XF_Q16, K(dot4_q4_1), K(dot1_q4_1), NULL, K(row_q4_1), dot_ref_q4_1 },
+    [GGUF_TYPE_Q5_0] = { "Q5_0", 32, 22, QUANT_XF_Q16, K(dot4_q5_0), K(dot1_q5_0), NULL, K(row_q5_0), dot_ref_q5_0 },
+    [GGUF_TYPE_Q5_1] = { "Q5_1", 32, 24, QUANT_XF_Q16, K(dot4_q5_1), K(dot1_q5_1), NULL, K(row_q5_1), dot_ref_q5_1 },
+    [GGUF_TYPE_Q8_0] = { "Q8_0", 32, 34, QUANT_XF_Q16, K(dot4_q8_0), K(dot1_q8_0), NULL, K(row_q8_0), dot_ref_q8_0 },
+    [GGUF_TYPE_IQ4_NL] = { "IQ4_NL", 32, 18, QUANT_XF_Q16, K(dot4_iq4_nl), K(dot1_iq4_nl), NULL, K(row_iq4_nl), dot_ref_iq4_nl },
+    [GGUF_TYPE_Q4_K] = { "Q4_K", 256, 144, QUANT_XF_Q8K, NULL, NULL, K(tile_q4_k), K(row_q4_k), dot_ref_q4_k },
+    [GGUF_TYPE_Q5_K] = { "Q5_K", 256, 176, QUANT_XF_Q8K, NULL, NULL, K(tile_q5_k), K(row_q5_k), dot_ref_q5_k },
+    [GGUF_TYPE_Q6_K] = { "Q6_K", 256, 210, QUANT_XF_Q8K, NULL, NULL, K(tile_q6_k), K(row_q6_k), dot_ref_q6_k },
+    /* dequantised by the formats, f32 kernels */
+    [GGUF_TYPE_Q2_K] = { "Q2_K", 256, 84, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
+    [GGUF_TYPE_Q3_K] = { "Q3_K", 256, 110, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
+    [GGUF_TYPE_IQ4_XS] = { "IQ4_XS", 256, 136, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
+};
+#undef K
+
+const quant_kernels *quant_kernels_of(uint32_t type)
+{
+    return type < GGUF_TYPE_COUNT && KERNELS[type].name ? &KERNELS[type] : NULL;
+}
+
+static size_t row_bytes(const weight *w)
+{
+    const quant_kernels *k = quant_kernels_of(w->type);
+    return k ? (size_t)(w->cols / k->block) * k->bytes : gguf_row_bytes(w->type, w->cols);
+}
+
+size_t weight_bytes(const weight *w)
+{
+    return row_bytes(w) * (size_t)w->rows;
+}
+
+void weight_row_ref(const weight *w, int64_t r, float *out)
+{
+    gguf_dequant(w->type, (const uint8_t *)w->data + row_bytes(w) * (size_t)r, out, w->cols);
+}
+
+void weight_row(const weight *w, int64_t r, float *out)
+{
+    const quant_kernels *k = quant_kernels_of(w->type);
+    if (k && k->row) k->row((const uint8_t *)w->data + row_bytes(w) * (size_t)r, out, w->cols);
+    else if (w->type == GGUF_TYPE_F32) memcpy(out, (const float *)w->data + (size_t)r * w->cols, sizeof(float) * w->cols);
+    else weight_row_ref(w, r, out);
+}
+
+/* ---- matrix products ------------------------------------------------------------------------
+ *
+ * Decode (n == 1) streams the weights once and is bound by memory bandwidth: each row is read a
+ * block at a time, unpacked in registers and multiplied into x with no row buffer, four rows at
+ * a time so that x's block is loaded once for the four.
+ *
+ * Prefill (n > 1) is bound by arithmetic. K types: tiles of 4 rows by up to 4 tokens of int8 x
+ * (the decode kernel with T tokens), over token tiles whose x fits in L2. Other types: four
+ * weight rows are dequantised to f32 (in L1) and multiplied against three tokens at a time with
+ * the twelve partial sums in ymm registers (tile_4xT); tokens go in tiles whose x rows fit in
+ * L2, so each weight row is dequantised once per tile rather than once per token.
+ *
+ * Threads are matmul.c's: each takes one contiguous, balanced run of rows. */
+
+/* Bytes of x rows a prefill token tile may hold (L2 is 1 MB per core here; 64 tokens of 1536
+ * columns in f32, 393 KB, measured faster as one tile than as three). */
+#ifndef MM_TILE_BYTES
+#define MM_TILE_BYTES (512 * 1024)
+#endif
+
+/* Bytes the decode matvec prefetches ahead of the four rows it is reading. The hardware
+ * prefetcher alone left the decode sweep at 9-10 GB/s here. With the f32 kernels 1536 bytes
+ * ahead measured best (tests/tools/bench_ops: 512 / 1024 / 1536 / 3072 / 6144 bytes: 12.8-14.1
+ * / 13.2-14.8 / 13.4-14.9 / 8.7-11.4 / 8.2-9.3 GB/s, best of 7, 2 threads); the integer kernels
+ * consume rows faster, and the sweep's median of 7 runs went 6.18 / 5.95 / 5.74 ms at 1536 /
+ * 2048 / 3072 bytes (2560: 5.73, 4 runs). */
+#ifndef MV_AHEAD
+#define MV_AHEAD 2560
+#endif
+
+/* Prefill tokens per K-type tile call (1 to QUANT_TILE_T). */
+#ifndef MM_TILE_T
+#define MM_TILE_T 3
+#endif
+
+#ifdef OPS_AVX2
+static const xq16 *need_x16(quant_x *q)
+{
+    if (!q->have16) {
+        quant_xq16(&q->x16, q->x, q->cols, q->buf, 0);
+        q->have16 = 1;
+    }
+    return &q->x16;
+}
+
+static const xq8 *need_x8(quant_x *q)
+{
+    if (!q->have8) {
+        quant_xq8(&q->x8, q->x, q->cols, 1, q->buf + ALIGN64((size_t)q->cols * 2 + q->cols / 32 * 8), 0);
+        q->have8 = 1;
+    }
+    return &q->x8;
+}
+
+/* Rows [r0, r1) of y = W x for one token. */
+static void matvec_rows(float *y, const weight *w, const quant_kernels *k, int64_t r0, int64_t r1, quant_x *q)
+{
+    const int64_t cols = w->cols;
+    const size_t rb = row_bytes(w);
+    const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r0;
+    int64_t r = r0;
+    if (k->tile) {
+        const xq8 *x = need_x8(q);
+        for (; r < r1; r += 4, b += 4 * rb) {
+            const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+            const uint8_t *ws[4] = { b, b + rb * (nr > 1), b + rb * (nr > 2 ? 2 : 0), b + rb * (nr > 3 ? 3 : 0) };
+            k->tile(y + r, 1, ws, nr, x, 1, cols, b + MV_AHEAD);
+        }
+        return;
+    }
+    const void *x = k->xf == QUANT_XF_Q16 ? (const void *)need_x16(q) : (const void *)q->x;
+    if (k->dot4)
+        for (; r + 4 <= r1; r += 4, b += 4 * rb) {
+            prefetch_bytes(b + MV_AHEAD, 4 * rb);
+            k->dot4(y + r, b, rb, x, cols);
+        }
+    for (; r < r1; r++, b += rb) y[r] = k->dot1(b, x, cols);
+}
+
+/* Rows [r0, r1) of y = x W^T for n > 1 tokens, K types: int8 x per token tile. */
+static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, int64_t r0, int64_t r1,
+                             const quant_x *q)
 {
     const int64_t cols = w->cols, rows = w->rows;
+    const int n = q->n;
+    const size_t rb = row_bytes(w);
+    int tile = (int)(MM_TILE_BYTES / cols);
+    if (tile < 1) tile = 1;
+    if (tile > n) tile = n;
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        const int len = n - t0 < tile ? n - t0 : tile;
+        xq8 x;
+        quant_xq8(&x, q->x + (size_t)t0 * cols, cols, len, q->buf, 0);
+        for (int64_t r = r0; r < r1; r += 4) {
+            const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+            const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r;
+            const uint8_t *ws[4] = { b, b + rb * (nr > 1), b + rb * (nr > 2 ? 2 : 0), b + rb * (nr > 3 ? 3 : 0) };
+            for (int t = 0; t < len; t += MM_TILE_T) {
+                const int T = len - t < MM_TILE_T ? len - t : MM_TILE_T;
+                const xq8 xt = { x.q + (size_t)t * cols, x.qp ? x.qp + (size_t)t * cols : NULL, x.d + t * (cols / 256),
+                                 x.s16 + t * (cols / 16), x.s32 + t * (cols / 32), cols };
+                k->tile(y + (size_t)(t0 + t) * rows + r, (size_t)rows, ws, nr, &xt, T, cols, NULL);
+            }
+        }
+    }
+}
+
+/* Rows [r0, r1) of y = x W^T for n > 1 tokens: f32 tiles over 4 rows dequantised at buf. */
+static void matmul_tiles_f32(float *y, const weight *w, int64_t r0, int64_t r1, const quant_x *q)
+{
+    const int64_t cols = w->cols, rows = w->rows, ld = (cols + 7) & ~(int64_t)7;
+    const int n = q->n;
     const size_t ldx = (size_t)cols;
+    const float *x = q->x;
+    float *buf = (float *)q->buf;
     /* tokens per tile: x rows within MM_TILE_BYTES, tiles of equal size, a multiple of 3 */
     int tile_max = (int)(MM_TILE_BYTES / (4 * cols));
     if (tile_max < 3) tile_max = 3;
@@ -371,49 +1339,6 @@ static void matmul_batch_rows(float *y, const weight *w, const float *x, int n, 
         }
     }
 }
-
-/* Rows [r0, r1) of y = W x for one token. xq: x quantised for the Q4_0/Q4_1/Q8_0 kernels. */
-static void matvec_rows(float *y, const weight *w, const float *x, const xq *xq, int64_t r0,
-                        int64_t r1)
-{
-    const int64_t cols = w->cols, nb = cols / 32;
-    const size_t rb = gguf_row_bytes(w->type, cols);
-    const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r0;
-    int64_t r = r0;
-    switch (w->type) {
-    case GGUF_TYPE_Q4_1:
-        for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q4_1(y + r, b, rb, xq, nb);
-        }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_1(b, xq, nb);
-        return;
-    case GGUF_TYPE_Q4_0:
-        for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q4_0(y + r, b, rb, xq, nb);
-        }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q4_0(b, xq, nb);
-        return;
-    case GGUF_TYPE_Q8_0:
-        for (; r + 4 <= r1; r += 4, b += 4 * rb) {
-            prefetch_bytes(b + MV_AHEAD, 4 * rb);
-            rowdot4_q8_0(y + r, b, rb, xq, nb);
-        }
-        for (; r < r1; r++, b += rb) y[r] = rowdot_q8_0(b, xq, nb);
-        return;
-    case GGUF_TYPE_F16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_f16(b, x, cols); return;
-    case GGUF_TYPE_BF16: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_bf16(b, x, cols); return;
-    case GGUF_TYPE_F32: for (int64_t r = r0; r < r1; r++, b += rb) y[r] = rowdot_f32((const float *)b, x, cols); return;
-    default: {
-        float row[cols];
-        for (int64_t r = r0; r < r1; r++) {
-            weight_row(w, r, row);
-            y[r] = ops_dot(row, x, (int)cols);
-        }
-    }
-    }
-}
 #endif /* OPS_AVX2 */
 
 /* The plain twin (and the path without AVX2): one row dequantised at a time, dotted with every
@@ -436,38 +1361,42 @@ static void matmul_rows_plain(float *y, const weight *w, const float *x, int n, 
     }
 }
 
-size_t quant_scratch_floats(int64_t cols, int n)
+size_t quant_scratch_bytes(int64_t cols, int n)
 {
-    const int64_t ld = (cols + 7) & ~(int64_t)7;
-    return (size_t)(n > 1 ? MM_ROWS * ld : cols / 2 + 2 * (cols / 32)) + 8;
+    if (n == 1) return ALIGN64((size_t)cols * 2 + cols / 32 * 8) + quant_xq8_bytes(cols, 1) + 64;
+    const size_t f32 = MM_ROWS * (size_t)((cols + 7) & ~(int64_t)7) * sizeof(float);
+    int tile = (int)(MM_TILE_BYTES / cols);
+    if (tile < 1) tile = 1;
+    if (tile > n) tile = n;
+    const size_t q8 = cols % 256 ? 0 : quant_xq8_bytes(cols, tile);
+    return (f32 > q8 ? f32 : q8) + 64;
 }
 
-void quant_prepare(quant_x *q, const float *x, int64_t cols, int n, float *scratch)
+void quant_prepare(quant_x *q, const float *x, int64_t cols, int n, void *scratch)
 {
-    q->ld = (cols + 7) & ~(int64_t)7;
-    q->buf = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
-    q->xq = NULL;
+    *q = (quant_x){ .x = x, .cols = cols, .n = n };
+    q->buf = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+}
+
+void quant_rows(float *y, const weight *w, int64_t r0, int64_t r1, quant_x *q)
+{
 #ifdef OPS_AVX2
-    if (n == 1 && cols % 32 == 0) {
-        const int64_t nb = cols / 32;
-        int16_t *x16 = (int16_t *)q->buf;
-        float *xs = q->buf + cols / 2, *sx = xs + nb;
-        x_quantize(xs, sx, x16, x, nb);
-        q->xq_ = (xq){ xs, sx, x16 };
-        q->xq = &q->xq_;
+    const quant_kernels *k = quant_kernels_of(w->type);
+    if (k && q->n == 1 && (k->dot1 || k->tile) && w->cols % k->block == 0) {
+        matvec_rows(y, w, k, r0, r1, q);
+        return;
     }
-#endif
-}
-
-void quant_rows(float *y, const weight *w, const float *x, int n, int64_t r0, int64_t r1, const quant_x *q)
-{
-#ifdef OPS_AVX2
-    if (n == 1)
-        matvec_rows(y, w, x, q->xq, r0, r1);
-    else
-        matmul_batch_rows(y, w, x, n, r0, r1, q->buf, q->ld);
+    if (k && q->n > 1 && k->tile) {
+        matmul_tiles_q8k(y, w, k, r0, r1, q);
+        return;
+    }
+    if (q->n > 1) {
+        matmul_tiles_f32(y, w, r0, r1, q);
+        return;
+    }
+    matmul_rows_plain(y, w, q->x, q->n, r0, r1, ops_dot, weight_row);
 #else
-    matmul_rows_plain(y, w, x, n, r0, r1, ops_dot, weight_row);
+    matmul_rows_plain(y, w, q->x, q->n, r0, r1, ops_dot, weight_row);
 #endif
 }
 
@@ -475,4 +1404,3 @@ void ops_matmul_ref(float *y, const weight *w, const float *x, int n)
 {
     matmul_rows_plain(y, w, x, n, 0, w->rows, ops_dot_ref, weight_row_ref);
 }
-

@@ -4,7 +4,7 @@
  *
  *   ruler_sample s;
  *   int t = ruler_task_find("niah_multikey_1");
- *   if (ruler_generate(t, 8192, 7, count_tokens, tok, &s, err) < 0) ...;   // seed 7, <= 8192 tokens
+ *   if (ruler_generate(t, 8192, 7, count_tokens, ctx, &s, err) < 0) ...;   // seed 7, <= 8192 tokens
  *   // s.prompt: instruction, context, question; s.answer_prefix goes after the assistant's turn
  *   // begins; decode up to s.max_new_tokens greedily, then:
  *   double score = ruler_score(&s, output);                           // in [0, 1]

@@ -3,6 +3,12 @@
  *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Iformats \
  *       tests/tools/bench_ops.c build/libfasa.a -lm -o bin/bench_ops
  *   bin/bench_ops [MODEL.gguf] [-n BATCH] [-r REPEATS] [--copy] [--adaptive] [--best]
+ *   bin/bench_ops --types [Q4_K,Q6_K,...] [-r REPEATS] [--best]
+ *
+ * --types times each weight type's kernels (lib/core/quant.c) on random blocks of the shapes of
+ * a 1.5B model's feed-forward (8960x1536 and 1536x8960): decode GB/s over enough copies that
+ * the weights stream from memory (96 MB per pass), and prefill GFLOP/s for batches of 64 and
+ * 512 tokens on one matrix. With no list: every type with fast kernels.
  *
  * For each shape (576x576, 192x576, 1536x576, 576x1536 of every layer, and the 49152x576
  * output/embedding matrix): decode (n = 1) time per matrix and GB/s of weights streamed, and
@@ -17,6 +23,7 @@
  * as they do in fasa. --best reports the fastest of the runs instead of the median: on a shared
  * machine that is what the kernels do when nothing preempts them.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -26,6 +33,8 @@
 
 #include "gguf.h"
 #include "ops.h"
+#include "quant.h"
+#include "sampler.h"
 
 static double now(void)
 {
@@ -98,19 +107,100 @@ static weight tensor_weight(const gguf_file *g, const char *name)
     return w;
 }
 
+/* A weight of random valid blocks: random bytes, f16 scales of a sensible size (no NaN, no
+ * subnormals), so the timing is that of real data. */
+static weight random_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng)
+{
+    const quant_kernels *k = quant_kernels_of(type);
+    const size_t n = (size_t)(rows * cols / k->block), bytes = n * k->bytes;
+    uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(sampler_rand(rng) * 256);
+    int a = -1, b = -1;
+    if (type == GGUF_TYPE_Q6_K) a = 208;
+    else if (k->block > 1) a = 0;
+    if (type == GGUF_TYPE_Q4_1 || type == GGUF_TYPE_Q5_1 || type == GGUF_TYPE_Q4_K || type == GGUF_TYPE_Q5_K) b = 2;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *blk = p + i * k->bytes;
+        const uint16_t h = gguf_f32_to_f16(0.001f + 0.01f * sampler_rand(rng));
+        if (a >= 0) blk[a] = (uint8_t)h, blk[a + 1] = (uint8_t)(h >> 8);
+        if (b >= 0) blk[b] = (uint8_t)h, blk[b + 1] = (uint8_t)(h >> 8);
+        if (type == GGUF_TYPE_F16) blk[0] = (uint8_t)h, blk[1] = (uint8_t)(h >> 8);
+    }
+    return (weight){ type, rows, cols, p };
+}
+
+/* A plain read of the same bytes (all threads, each its part of every matrix), the reference
+ * for the decode GB/s. */
+static void read_sweep(float *y, const weight *w, const float *x, int n)
+{
+    const size_t bytes = weight_bytes(w);
+    const uint8_t *p = w->data;
+    double acc = 0;
+#pragma omp parallel for schedule(static) reduction(+ : acc)
+    for (size_t o = 0; o < bytes; o += 4096) {
+        const size_t e = o + 4096 < bytes ? o + 4096 : bytes;
+        __m256i s = _mm256_setzero_si256();
+        for (size_t i = o; i + 32 <= e; i += 32) s = _mm256_add_epi64(s, _mm256_loadu_si256((const __m256i *)(p + i)));
+        acc += (double)_mm256_extract_epi64(s, 0) + (double)_mm256_extract_epi64(s, 3);
+    }
+    y[0] = (float)acc;
+}
+
+static int bench_types(const char *list, int reps)
+{
+    static const uint32_t all[] = { GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q5_0, GGUF_TYPE_Q5_1, GGUF_TYPE_Q8_0,
+                                    GGUF_TYPE_IQ4_NL, GGUF_TYPE_Q4_K, GGUF_TYPE_Q5_K, GGUF_TYPE_Q6_K, GGUF_TYPE_F16 };
+    const int64_t big = 8960, small = 1536;
+    uint64_t rng = 1;
+    float *x = malloc(sizeof(float) * 512 * big), *y = malloc(sizeof(float) * 512 * big);
+    for (int64_t i = 0; i < 512 * big; i++) x[i] = sinf((float)i * 0.37f) * (i % 97 == 5 ? 20 : 1);
+    printf("bench_ops --types: %d threads, %s of %d; decode GB/s over 96 MB of copies (a plain read of them), prefill GFLOP/s\n",
+           omp_get_max_threads(), use_best ? "best" : "median", reps);
+    printf("%-7s %14s %14s | %12s %12s\n", "type", "8960x1536", "1536x8960", "pre n=64", "pre n=512");
+    printf("%-7s %14s %14s |\n", "", "dec (read)", "dec (read)");
+    for (size_t ti = 0; ti < sizeof all / sizeof *all; ti++) {
+        const quant_kernels *k = quant_kernels_of(all[ti]);
+        if (list ? !strstr(list, k->name) : !k->dot1 && !k->tile) continue;
+        double gbs[2], gf[2], rd[2];
+        for (int shape = 0; shape < 2; shape++) {
+            const int64_t rows = shape ? small : big, cols = shape ? big : small;
+            const double bytes = (double)(rows * cols / k->block * k->bytes);
+            const int copies = (int)(96e6 / bytes) + 1;
+            weight *ws = malloc(sizeof(weight) * copies);
+            for (int c = 0; c < copies; c++) ws[c] = random_weight(all[ti], rows, cols, &rng);
+            gbs[shape] = bytes * copies / time_pass(ops_matmul, ws, copies, y, x, 1, reps) / 1e9;
+            rd[shape] = bytes * copies / time_pass(read_sweep, ws, copies, y, x, 1, reps) / 1e9;
+            if (shape == 0)
+                for (int b = 0; b < 2; b++) {
+                    const int n = b ? 512 : 64;
+                    gf[b] = 2.0 * rows * cols * n / time_pass(ops_matmul, ws, 1, y, x, n, reps < 5 ? reps : 5) / 1e9;
+                }
+            for (int c = 0; c < copies; c++) free((void *)ws[c].data);
+            free(ws);
+        }
+        printf("%-7s %6.1f (%5.1f) %6.1f (%5.1f) | %12.1f %12.1f\n", k->name, gbs[0], rd[0], gbs[1], rd[1], gf[0], gf[1]);
+        fflush(stdout);
+    }
+    free(x); free(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int batch = 64, reps = 15, adaptive = 0;
+    const char *types = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--copy")) copy_weights = 1;
         else if (!strcmp(argv[i], "--adaptive")) adaptive = 1;
         else if (!strcmp(argv[i], "--best")) use_best = 1;
+        else if (!strcmp(argv[i], "--types")) types = i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "";
         else path = argv[i];
     }
     ops_threads_adaptive(adaptive);
+    if (types) return bench_types(*types ? types : NULL, reps);
     char err[512];
     gguf_file g;
     if (gguf_open(&g, path, err) < 0) {
@@ -118,7 +208,11 @@ int main(int argc, char **argv)
         return 1;
     }
     uint32_t n_layer = 0;
-    gguf_get_u32(&g, "llama.block_count", &n_layer);
+    gguf_str arch = { "llama", 5 };
+    gguf_get_str(&g, "general.architecture", &arch);
+    char key[96];
+    snprintf(key, sizeof key, "%.*s.block_count", (int)arch.len, arch.ptr);
+    gguf_get_u32(&g, key, &n_layer);
     static const char *names[] = { "attn_q", "attn_k", "ffn_gate", "ffn_down", "attn_v", "attn_output", "ffn_up" };
     const int n_shapes = 4;
     weight *lw[7];

@@ -23,7 +23,7 @@ static int32_t *ids, next, tok, *idx; static int n, n_ids, n_prompt, n_ctx, n_pr
 static int layer, head, kv_head, l, k, t, d, n_vocab; static int64_t rows, cols;
 static float *logits, *scores, *x, *y, *q, *K, *V, *out, *norm, *row, eps; static const void *data;
 static profile prof, a, b; static uint64_t *scratch; static sampler sp; static const char *text;
-static gguf_tensor *tensor;
+static gguf_tensor *tensor; static ruler_count_fn count_tokens; static void *ctx; static const char *output;
 """
 
 def example(path):
