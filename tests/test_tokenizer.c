@@ -1369,3 +1369,93 @@ Test(tokenizer, smollm2_speed, .timeout = 60)
     free(ids);
     tokenizer_free(t);
 }
+
+/* ---- other real vocabularies: Gemma 3 (SentencePiece), Qwen2.5 (byte-level) ----------------- */
+
+/* The tokenizer of a real GGUF, or the test skipped by name: the file absent, or a file fasa's
+ * GGUF reader cannot open yet (a tensor type it does not read). */
+static tokenizer *load_real_gguf(const char *env, const char *path)
+{
+    const char *p = getenv(env);
+    char err[FASA_ERRLEN] = "";
+    gguf_file g;
+    tokenizer *t = NULL;
+    if (!p) p = path;
+    if (access(p, R_OK) != 0) cr_skip_test("%s not found ($%s; scripts/fetch-model.sh)", p, env);
+    if (gguf_open(&g, p, err) < 0) cr_skip_test("%s", err);
+    cr_assert_eq(tokenizer_load_gguf(&t, &g, err), 0, "%s", err);
+    cr_assert_not_null(t);
+    gguf_close(&g);
+    return t;
+}
+
+/* Ids recorded from llama.cpp (llama_cpp 0.3.36, Llama(vocab_only=True).tokenize) on the same file;
+ * scripts/tokenizer_check.py compares 12,000 lines. */
+Test(tokenizer, gemma3_golden)
+{
+    tokenizer *t = load_real_gguf("FASA_GEMMA", "models/gemma-3-270m-q4_k_m.gguf");
+    cr_expect_eq(tokenizer_type(t), TOKENIZER_SPM);
+    cr_expect_eq(tokenizer_n_vocab(t), 262144);
+    cr_expect_eq(tokenizer_bos(t), 2);
+    cr_expect_eq(tokenizer_eos(t), 106);          /* <end_of_turn> ends a chat turn */
+    cr_expect_eq(tokenizer_add_bos(t), 1);
+    expect_ids(t, "Hello, world! I'm Gemma.", 1, IDS(9259, 236764, 1902, 236888, 564, 236789, 236757, 147224, 236761));
+    expect_ids(t, "The year 2024 has 365 days.", 1,
+               IDS(818, 1051, 236743, 236778, 236771, 236778, 236812, 815, 236743, 236800, 236825, 236810, 2668,
+                   236761));
+    expect_ids(t, "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 "
+                  "\xF0\x9F\x98\x80", 1, IDS(94951, 15745, 8362, 163543));
+    /* user-defined runs of spaces and newlines, a tab piece */
+    expect_ids(t, "  leading spaces\tand\ttabs\n\n", 1, IDS(138, 26016, 9952, 255968, 624, 255968, 39218, 108));
+    expect_ids(t, "a  b   c", 1, IDS(236746, 138, 236763, 139, 236755));
+    expect_ids(t, "def f(x):\n    return x ** 2", 1, IDS(2063, 517, 236769, 236781, 1473, 107, 140, 2060, 1123, 5213,
+                                                          236743, 236778));
+    /* U+F0000 has no piece: its four bytes */
+    expect_ids(t, "\xEE\x80\x80\xF3\xB0\x80\x80", 1, IDS(245863, 481, 414, 366, 366));
+    expect_ids(t, "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n", 0,
+               IDS(236820, 3041, 236779, 1340, 236779, 887, 236813, 2364, 107, 3689, 563, 236743, 236778, 236862,
+                   236778, 145912, 643, 236779, 1340, 236779, 887, 236813, 107, 236820, 3041, 236779, 1340, 236779, 887,
+                   236813, 4368, 107));
+
+    /* the GGUF has no chat template: <start_of_turn> makes it Gemma's, after <bos> */
+    tokenizer_chat c;
+    int32_t ids[64];
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect(c.kind == TOKENIZER_CHAT_GEMMA && c.bos && !strcmp(c.bos_text, "<bos>"));
+    int n = tokenizer_encode_prompt(t, &c, NULL, "What is 2+2?", ids, 64);
+    static const int32_t want[] = { 2, 105, 2364, 107, 3689, 563, 236743, 236778, 236862, 236778, 236881, 106, 107,
+                                    105, 4368, 107 };
+    cr_expect(n == 16 && !memcmp(ids, want, sizeof want), "%d", n);
+    n = tokenizer_encode_prompt(t, NULL, NULL, "Hi", ids, 64);
+    cr_expect(n == 2 && ids[0] == 2 && ids[1] == 10979, "%d", n);
+
+    const char *s = "Gemma's byte fallback: \xF3\xB0\x80\x80 and   spaces\n\n\ttabs";
+    n = enc(t, s, 1, ids, 64);
+    char out[256];
+    cr_expect_eq(tokenizer_decode_text(t, ids, n, out, sizeof out), (int)strlen(s));
+    cr_expect(!memcmp(out, s, strlen(s)));
+    tokenizer_free(t);
+}
+
+Test(tokenizer, qwen25_golden)
+{
+    tokenizer *t = load_real_gguf("FASA_QWEN", "models/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf");
+    cr_expect_eq(tokenizer_type(t), TOKENIZER_BYTE_LEVEL);
+    cr_expect_eq(tokenizer_pre_kind(t), TOKENIZER_PRE_QWEN2);
+    cr_expect_eq(tokenizer_add_bos(t), 0);
+    expect_ids(t, "Hello, world! 12345 caf\xC3\xA9", 1, IDS(9707, 11, 1879, 0, 220, 16, 17, 18, 19, 20, 51950));
+    expect_ids(t, "def f(x):\n    return x ** 2", 0, IDS(750, 282, 2075, 982, 262, 470, 856, 3070, 220, 17));
+    /* Qwen2.5's template: its default system message when none is given */
+    tokenizer_chat c;
+    int32_t ids[64];
+    cr_assert_eq(tokenizer_chat_of(t, &c), 0);
+    cr_expect(c.kind == TOKENIZER_CHAT_CHATML && !c.bos);
+    cr_expect_str_eq(c.system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    cr_expect_str_eq(tokenizer_chat_template_source(t), "tokenizer.chat_template");
+    int n = tokenizer_encode_prompt(t, &c, NULL, "What is 2+2?", ids, 64);
+    static const int32_t want[] = { 151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446,
+                                    525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198, 3838, 374, 220, 17, 10,
+                                    17, 30, 151645, 198, 151644, 77091, 198 };
+    cr_expect(n == 36 && !memcmp(ids, want, sizeof want), "%d", n);
+    tokenizer_free(t);
+}

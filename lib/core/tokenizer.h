@@ -67,15 +67,17 @@ int tokenizer_parse_json(tokenizer **out, const char *json, size_t len, const ch
  * add_bos_token (default 1 for "llama", 0 for "gpt2") and add_eos_token are read, and eos
  * becomes the end of a chat turn when the vocabulary has one (<|im_end|>, <|eot_id|>,
  * <end_of_turn>), since that is what ends generation. tokenizer.chat_template is kept
- * (tokenizer_chat_template). Token types: 2 (UNKNOWN) and 3 (CONTROL) are special added tokens,
- * 4 (USER_DEFINED) plain added tokens, 6 (BYTE) the <0xNN> tokens.
+ * (tokenizer_chat_template). Token types: 3 (CONTROL), and for "llama" 2 (UNKNOWN), are special
+ * added tokens, 4 (USER_DEFINED) plain added tokens, 6 (BYTE) the <0xNN> tokens. The file's
+ * types are kept as written: llama.cpp also retypes some tokens by their spelling (a "</s>" that
+ * is text in Gemma 3 and Qwen2.5 becomes a control token there), `tokenizers` does not.
  * A file without tokenizer.ggml.tokens returns 0 with *out NULL (a model used with ids only).
  * Messages name g's file. */
 int tokenizer_load_gguf(tokenizer **out, const struct gguf_file *g, char *err);
 
 /* From vocabulary arrays of a byte-level BPE (as GGUF stores them: tokenizer.ggml.tokens /
- * token_type / merges / pre). types may be NULL; type 2 (UNKNOWN) and 3 (CONTROL) tokens are
- * special added tokens, type 4 (USER_DEFINED) plain added tokens (see tokenizer_encode). pre is
+ * token_type / merges / pre). types may be NULL; type 3 (CONTROL) tokens are special added
+ * tokens, type 4 (USER_DEFINED) plain added tokens (see tokenizer_encode). pre is
  * the GGUF pre name: "smollm", "gpt2" or "default" (also for NULL), "llama-bpe" or "llama3"
  * (which also turns on ignore_merges, as llama.cpp does), "qwen2"; others are
  * FASA_EUNSUPPORTED. token_lens and merge_lens may be NULL for NUL-terminated strings;
@@ -102,7 +104,8 @@ int tokenizer_eos(const tokenizer *t);   /* end of turn for chat: <|im_end|>, <|
 int tokenizer_add_bos(const tokenizer *t);
 /* Overrides bos and eos; an id outside the vocabulary (e.g. -1) means none. */
 void tokenizer_set_special(tokenizer *t, int bos, int eos);
-/* 1 for special added tokens (tokenizer.json "special", GGUF CONTROL/UNKNOWN), else 0. */
+/* 1 for special added tokens (tokenizer.json "special", GGUF CONTROL, and UNKNOWN for
+ * SentencePiece), else 0. */
 int tokenizer_is_special(const tokenizer *t, int id);
 enum tokenizer_type tokenizer_type(const tokenizer *t);
 enum tokenizer_pre tokenizer_pre_kind(const tokenizer *t);   /* byte-level only (GPT2 for SPM) */
