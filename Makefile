@@ -281,13 +281,13 @@ valgrind: all $(VG_SUPP)
 	@if test -s $(BUILD)/valgrind/bad-input.log; then cat $(BUILD)/valgrind/bad-input.log; exit 1; fi
 	@echo "make valgrind: no memcheck errors or leaks"
 
-# --- bench-compare (issue 6) ---
-# make bench-compare: llama.cpp (llama-cpp-python, built into .venv by scripts/setup-llamacpp.sh
-# on first use: a long compile) and fasa on the same model file, threads and depths; decode tok/s
-# side by side with the ratio fasa/llama.cpp. BENCH_COMPARE_ARGS passes more options, e.g.
-# BENCH_COMPARE_ARGS="--threads 1 --depths 0,1024,4096 --json". On a busy machine both engines'
-# spinning OpenMP threads make 2-thread numbers swing: OMP_WAIT_POLICY=passive make bench-compare.
-BENCH_COMPARE_MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# --- bench-compare ---
+# make bench-compare [MODEL=...]: llama.cpp (llama-cpp-python, built into .venv by
+# scripts/setup-llamacpp.sh on first use: a long compile) and fasa on the same model file, token
+# ids, threads and f16 KV cache, in alternating rounds: prefill of 2,048 tokens, decode at each
+# depth (full attention, and fasa-c when the model has a profile), ratios and roofline fractions.
+# BENCH_COMPARE_ARGS passes more options, e.g. BENCH_COMPARE_ARGS="--depths 0,8192,32768 --json".
+BENCH_COMPARE_MODEL ?= $(MODEL)
 BENCH_COMPARE_ARGS  ?=
 
 .PHONY: bench-compare

@@ -71,6 +71,8 @@ static const char usage_text[] =
     "      --bandwidth GBS   speed: memory bandwidth for the roofline fraction (default: measured\n"
     "                        at the start of the run, all threads reading 512 MiB)\n"
     "      --seeds N         passkey samples per length and depth (default 5)\n"
+    "      --ids FILE        token ids (whitespace-separated, '-' for stdin) instead of TEXT (ca,\n"
+    "                        ppl, speed): the ids another engine reads (scripts/bench_compare.py)\n"
     "      --csv FILE        also write the rows as CSV\n"
     "      --json            print the rows as a JSON list on stdout\n"
     "  -t, --threads N       threads (default: all cores)\n"
@@ -177,9 +179,17 @@ static profile *bench_profile(const model *m, const char *model_path, const char
 
 /* TEXT files (or the defaults) as token ids: returns the count (ids and text owned by the
  * caller), or -1 after saying why. */
+static const char *ids_file;   /* --ids: token ids instead of TEXT */
+
 static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
 {
     size_t len;
+    if (ids_file) {
+        char err[FASA_ERRLEN];
+        if (n_paths > 0) return die_usage("--ids replaces TEXT: drop '%s'", paths[0]), -1;
+        const int n = tokenizer_read_ids(ids_file, m->cfg.n_vocab, ids, err);
+        return n < 0 ? die("%s", err), -1 : n;
+    }
     if (!(*text = read_texts(paths, n_paths, default_texts, (int)(sizeof default_texts / sizeof *default_texts), &len)))
         return -1;
     if (!(*ids = malloc(sizeof **ids * (3 * len + 16)))) return die("out of memory"), -1;
@@ -350,7 +360,7 @@ int cmd_bench(int argc, char **argv)
         { "kv-cold", required_argument, 0, 'k' }, { "bandwidth", required_argument, 0, 'W' },
         { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
-        { "tip", required_argument, 0, 'I' },
+        { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -390,6 +400,7 @@ int cmd_bench(int argc, char **argv)
         case 'Q': task_list = optarg; break;
         case 'q': quick = 1; break;
         case 'c': csv = optarg; break;
+        case 'i': ids_file = optarg; break;
         case 'j': json = 1; break;
         case 't': if (parse_int("--threads", optarg, 1, 1024, &threads)) return EXIT_USAGE; break;
         case 'h': fputs(usage_text, stdout); return 0;

@@ -108,35 +108,6 @@ static int looks_like_model(const char *p)
            (n > 5 && !strcmp(p + n - 5, ".fasa"));
 }
 
-/* Reads whitespace-separated ids; returns the count or -1. */
-static int read_ids(const char *path, int32_t **out, int n_vocab)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
-    if (!f) return die("cannot open '%s': %m", path), -1;
-    int cap = 1024, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    long v;
-    while (ids && fscanf(f, "%ld", &v) == 1) {
-        if (v < 0 || v >= n_vocab) {
-            die("'%s': token id %ld is outside the vocabulary (%d)", path, v, n_vocab);
-            n = -1;
-            break;
-        }
-        if (n == cap) {
-            int32_t *nb = realloc(ids, (cap *= 2) * sizeof *ids);
-            if (!nb) { free(ids); ids = NULL; break; }
-            ids = nb;
-        }
-        ids[n++] = (int32_t)v;
-    }
-    if (n >= 0 && ids && !feof(f)) { die("'%s': not a list of token ids", path); n = -1; }
-    if (f != stdin) fclose(f);
-    if (!ids) return die("out of memory"), -1;
-    if (n <= 0) { free(ids); if (n == 0) die("'%s': no token ids", path); return -1; }
-    *out = ids;
-    return n;
-}
-
 /* The generated text, kept for --json. */
 typedef struct textbuf { char *p; size_t len, cap; } textbuf;
 
@@ -294,7 +265,7 @@ int cmd_run(int argc, char **argv)
     int status = 1, rc, n_prompt;
 
     if (ids_path) {
-        if ((n_prompt = read_ids(ids_path, &ids, V)) < 0) goto out;
+        if ((n_prompt = tokenizer_read_ids(ids_path, V, &ids, err)) < 0) { die("%s", err); goto out; }
     } else {
         if (!prompt || !strcmp(prompt, "-")) {
             if (isatty(0)) fprintf(stderr, "fasa: reading the prompt from stdin (end with Ctrl-D)\n");

@@ -2047,3 +2047,42 @@ int tokenizer_encode_prompt(const tokenizer *t, const tokenizer_chat *chat, cons
     if (n < 0) return n;
     return n > INT_MAX - bos ? FASA_EARG : n + bos;
 }
+
+int tokenizer_read_ids(const char *path, int n_vocab, int32_t **out, char *err)
+{
+    char *text;
+    size_t len;
+    *out = NULL;
+    if (!strcmp(path, "-")) {
+        if (!(text = fasa_read_stream(stdin, &len))) return fasa_error(err, FASA_EIO, "cannot read token ids from stdin");
+    } else {
+        const int rc = fasa_read_file(path, 0, &text, &len, err);
+        if (rc < 0) return rc;
+    }
+    int n = 0, cap = 1024, rc = 0;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    for (char *p = text, *end; ids && rc == 0;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        errno = 0;
+        const long v = strtol(p, &end, 10);
+        if (end == p || (*end && !strchr(" \t\n\r", *end)))
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': not a list of token ids (at byte %zu)", path, (size_t)(p - text));
+        else if (errno || v < 0 || v >= n_vocab)
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': token id %.20s is outside the vocabulary (%d)", path, p, n_vocab);
+        else {
+            if (n == cap) {
+                int32_t *grown = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+                if (!grown) { free(ids); ids = NULL; break; }
+                ids = grown;
+            }
+            ids[n++] = (int32_t)v, p = end;
+        }
+    }
+    free(text);
+    if (!ids) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    if (rc == 0 && n == 0) rc = fasa_error(err, FASA_EFORMAT, "'%s': no token ids", path);
+    if (rc < 0) { free(ids); return rc; }
+    *out = ids;
+    return n;
+}

@@ -132,6 +132,11 @@ enum tokenizer_pre tokenizer_pre_kind(const tokenizer *t);   /* byte-level only 
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t *ids, int max_ids);
 
+/* Token ids written as text (whitespace-separated decimals, as `fasa run --json` prints them) from
+ * path ("-": stdin), each checked against n_vocab. Returns the count (> 0; *out is the caller's
+ * to free), or < 0 with err naming the file and the problem. */
+int tokenizer_read_ids(const char *path, int n_vocab, int32_t **out, char *err);
+
 /* Bytes of one token. Byte-level: its characters mapped back through the byte-level table, or,
  * if it has characters outside that table, its own UTF-8 (the ByteLevel decoder of `tokenizers`).
  * SentencePiece: a <0xNN> token is that byte, any other "▁" becomes a space. Special added
