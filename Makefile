@@ -46,7 +46,7 @@ $(BIN)/fasa-tests: $(TEST_OBJ) $(LIB)
 
 # The suite: unit tests on generated fixtures, plus end-to-end checks on the real model when
 # setup has installed it (they report themselves skipped otherwise). Criterion's summary is last.
-test: check-headers $(BIN)/fasa $(BIN)/fasa-tests
+test: check-headers check-lines $(BIN)/fasa $(BIN)/fasa-tests
 	FASA_BIN=$(CURDIR)/$(BIN)/fasa ./$(BIN)/fasa-tests -j2
 
 # The usage example atop every public header compiles (tests/tools/header_examples.py), and no

@@ -86,7 +86,8 @@ static int parse_ints(const char *flag, const char *s, int *out, int max, long l
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v < lo || v > hi || n == max || (*end && *end != ','))
-            return die("option '%s' needs a comma-separated list of integers in [%ld, %ld], not '%s'", flag, lo, hi, s), -1;
+            return die("option '%s' needs a comma-separated list of integers in [%ld, %ld], not '%s'", flag, lo,
+                       hi, s), -1;
         out[n++] = (int)v;
         p = *end ? end + 1 : end;
     }
@@ -218,7 +219,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         if (parse_ints("--budget", budgets, budget, 1, 1, 1 << 24) < 0) return EXIT_USAGE;
         cfg.budget = budget[0];
     }
-    if (depths && (cfg.n_depth = parse_ints("--depths", depths, cfg.depths, BENCH_MAX, 0, 1 << 22)) < 0) return EXIT_USAGE;
+    if (depths && (cfg.n_depth = parse_ints("--depths", depths, cfg.depths, BENCH_MAX, 0, 1 << 22)) < 0)
+        return EXIT_USAGE;
     if (policies) {
         char list[256];
         snprintf(list, sizeof list, "%s", policies);
@@ -240,7 +242,10 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     int failed;
     pp = bench_profile(m, model_path, prof_path, &prof, &failed);
     if (failed) goto out;
-    if (!m->tok) { status = die_usage("--task speed needs a model with a tokenizer; '%s' has none", model_path); goto out; }
+    if (!m->tok) {
+        status = die_usage("--task speed needs a model with a tokenizer; '%s' has none", model_path);
+        goto out;
+    }
     if ((n = bench_ids(m, texts, n_texts, &text, &ids)) < 0) goto out;
     double t0 = fasa_now();
     if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
@@ -364,7 +369,8 @@ int cmd_bench(int argc, char **argv)
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
-    const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL, *depths = default_depths;
+    const char *budgets = "128,256,512,1024", *ks = "64,256,512,768,1024,2048", *contexts = NULL,
+               *depths = default_depths;
     long tokens = 4096, steps = -1, seeds = 5, threads = 0, repeats = 5, fcs = 0, fill = 0;
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
@@ -390,7 +396,8 @@ int cmd_bench(int argc, char **argv)
         case 'L': per_layer = 1; break;
         case 'H': tip = FASA_TIP_UNION; break;
         case 'I':
-            if ((tip = fasa_tip_parse(optarg)) < 0) return die_usage("--tip '%s' is not one of q4, group, union", optarg);
+            if ((tip = fasa_tip_parse(optarg)) < 0)
+                return die_usage("--tip '%s' is not one of q4, group, union", optarg);
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
@@ -426,7 +433,9 @@ int cmd_bench(int argc, char **argv)
         snprintf(list, sizeof list, "%s", task_list);
         for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             const int t = ruler_task_find(tok);
-            if (t < 0) return die_usage("--tasks: '%s' is not a ruler task (niah_single_1, ..., vt, cwe, fwe, qa_1, qa_2)", tok);
+            if (t < 0)
+                return die_usage("--tasks: '%s' is not a ruler task (niah_single_1, ..., vt, cwe, fwe, qa_1, qa_2)",
+                                 tok);
             ruler_tasks |= 1ull << t;
         }
     } else if (ruler && quick) {
@@ -449,7 +458,8 @@ int cmd_bench(int argc, char **argv)
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);
     for (int i = 1; i < cfg.n_k; i++)
         if (cfg.ks[i] <= cfg.ks[i - 1]) return die_usage("--k values must increase");
-    if (!contexts) contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : ruler ? "4096,8192,16384,32768" : "4096,8192";
+    if (!contexts)
+        contexts = !strcmp(task, "passkey") ? "1024,2048,4096,8192" : ruler ? "4096,8192,16384,32768" : "4096,8192";
     if (ruler && !strcmp(budgets, "128,256,512,1024")) budgets = "256,512,1024,2048";
     if ((cfg.n_ctx = parse_ints("--context", contexts, cfg.contexts, BENCH_MAX, 16, 1 << 22)) < 0) return EXIT_USAGE;
     if ((cfg.n_depth = parse_doubles("--depths", depths, cfg.depths, BENCH_MAX)) < 0) return EXIT_USAGE;
@@ -475,7 +485,10 @@ int cmd_bench(int argc, char **argv)
     for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (cfg.n_policy == BENCH_MAX) { status = die_usage("too many policies (at most %d)", BENCH_MAX); goto out; }
         /* every failure here is FASA_EARG: an unknown name, F out of range, fasa without a profile */
-        if (bench_policy_parse(tok, m, pp, &cfg.policies[cfg.n_policy++], err) < 0) { status = die_usage("%s", err); goto out; }
+        if (bench_policy_parse(tok, m, pp, &cfg.policies[cfg.n_policy++], err) < 0) {
+            status = die_usage("%s", err);
+            goto out;
+        }
     }
     double t0 = fasa_now();
     if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
@@ -486,11 +499,17 @@ int cmd_bench(int argc, char **argv)
     } else if (ruler) {
         rc = bench_ruler(m, &cfg, ruler_tasks, &rows, &n_rows, err);
     } else {
-        if (!m->tok) { status = die_usage("--task %s needs a model with a tokenizer; '%s' has none", task, model_path); goto out; }
+        if (!m->tok) {
+            status = die_usage("--task %s needs a model with a tokenizer; '%s' has none", task, model_path);
+            goto out;
+        }
         int n = bench_ids(m, argv + optind, argc - optind, &text, &ids);
         if (n < 0) goto out;
         if (!strcmp(task, "ca")) {
-            if (n < tokens) { status = die_usage("the text has %d tokens; --tokens asks for %ld", n, tokens); goto out; }
+            if (n < tokens) {
+                status = die_usage("the text has %d tokens; --tokens asks for %ld", n, tokens);
+                goto out;
+            }
             rc = bench_ca(m, ids, (int)tokens, &cfg, &rows, &n_rows, err);
         } else {
             rc = bench_ppl(m, ids, n, &cfg, &rows, &n_rows, err);
@@ -537,7 +556,8 @@ int cmd_bench(int argc, char **argv)
         /* rows: (layer -1, then each) x (ca, mass) x policy x K */
         const int per = cfg.n_policy * cfg.n_k;
         int w = 14;   /* the widest policy name */
-        for (int p = 0; p < cfg.n_policy; p++) w = (int)strlen(cfg.policies[p].name) > w ? (int)strlen(cfg.policies[p].name) : w;
+        for (int p = 0; p < cfg.n_policy; p++)
+            w = (int)strlen(cfg.policies[p].name) > w ? (int)strlen(cfg.policies[p].name) : w;
         for (int what = 0; what < 2; what++) {
             printf("%s%-*s", what ? "\nattention mass held, %\n" : "compound CA, %\n", w, "method \\ K");
             for (int b = 0; b < cfg.n_k; b++) printf(" %7d", cfg.ks[b]);
@@ -555,7 +575,8 @@ int cmd_bench(int argc, char **argv)
                 printf("\n");
                 for (int l = 0; 2 * per * (l + 2) <= n_rows; l++) {
                     printf("%5d", l);
-                    for (int p = 0; p < cfg.n_policy; p++) printf(" %9.1f", 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
+                    for (int p = 0; p < cfg.n_policy; p++)
+                        printf(" %9.1f", 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
                     printf("\n");
                 }
             }
@@ -564,7 +585,8 @@ int cmd_bench(int argc, char **argv)
         for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;
         int tw = 8;   /* the widest task name */
         for (int i = 0; i < n_rows; i++) tw = (int)strlen(rows[i].task) > tw ? (int)strlen(rows[i].task) : tw;
-        printf("%-*s %-*s %8s %8s %6s %10s %8s\n", tw, "task", w, "policy", "budget", "context", "depth", "value", "tokens");
+        printf("%-*s %-*s %8s %8s %6s %10s %8s\n", tw, "task", w, "policy", "budget", "context", "depth", "value",
+               "tokens");
         for (int i = 0; i < n_rows; i++) {
             char depth[16] = "-", tokens[16] = "-";
             if (rows[i].depth >= 0) snprintf(depth, sizeof depth, "%.2f", rows[i].depth);

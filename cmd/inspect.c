@@ -58,7 +58,8 @@ static int collect_tensors(const model *m, trow **out)
         rows = calloc(g->n_tensors + 1, sizeof *rows);
         for (uint64_t i = 0; rows && i < g->n_tensors; i++, n++) {
             const gguf_tensor *t = &g->tensors[i];
-            snprintf(rows[n].name, sizeof rows[n].name, "%.*s", (int)(t->name.len < 127 ? t->name.len : 127), t->name.ptr);
+            snprintf(rows[n].name, sizeof rows[n].name, "%.*s", (int)(t->name.len < 127 ? t->name.len : 127),
+                     t->name.ptr);
             rows[n].dtype = gguf_type_name(t->type);
             rows[n].n_dims = t->n_dims;
             /* Shown outermost first, as Hugging Face and numpy do. */
@@ -142,8 +143,9 @@ static int inspect_model(const char *path, int json, int all)
     if (n < 0) { model_close(m); return die("out of memory"); }
     const double kv_tok = 2.0 * cf->n_layer * cf->n_kv_head * cf->d_head * sizeof(float);
     const char *layout = cf->layout == ROPE_LAYOUT_HF ? "rotate_half (chunk j = dims j, j+d/2)"
-                         : cf->layout == ROPE_LAYOUT_INTERLEAVED ? "interleaved (chunk j = dims 2j, 2j+1)"
-                                                                 : "fasa-permuted (pair r = chunk order[r], dominant first)";
+                         : cf->layout == ROPE_LAYOUT_INTERLEAVED
+                             ? "interleaved (chunk j = dims 2j, 2j+1)"
+                             : "fasa-permuted (pair r = chunk order[r], dominant first)";
     const char *scaling = cf->rope_scaling == ROPE_SCALING_LLAMA3 ? "llama3"
                           : cf->rope_scaling == ROPE_SCALING_LINEAR ? "linear" : "none";
     if (json) {
@@ -163,8 +165,10 @@ static int inspect_model(const char *path, int json, int all)
         cJSON_AddNumberToObject(o, "n_ctx_train", cf->n_ctx_train);
         cJSON_AddNumberToObject(o, "rope_theta", cf->rope_theta);
         cJSON_AddStringToObject(o, "rope_scaling", scaling);
-        cJSON_AddStringToObject(o, "rope_layout", cf->layout == ROPE_LAYOUT_HF ? "rotate_half"
-                                                  : cf->layout == ROPE_LAYOUT_INTERLEAVED ? "interleaved" : "fasa-permuted");
+        cJSON_AddStringToObject(o, "rope_layout",
+                                cf->layout == ROPE_LAYOUT_HF            ? "rotate_half"
+                                : cf->layout == ROPE_LAYOUT_INTERLEAVED ? "interleaved"
+                                                                        : "fasa-permuted");
         cJSON_AddNumberToObject(o, "norm_eps", cf->norm_eps);
         cJSON_AddBoolToObject(o, "tied_embeddings", cf->tied_embeddings);
         cJSON_AddBoolToObject(o, "qkv_bias", cf->qkv_bias);
@@ -183,7 +187,8 @@ static int inspect_model(const char *path, int json, int all)
             cJSON_AddStringToObject(t, "name", rows[i].name);
             cJSON_AddStringToObject(t, "dtype", rows[i].dtype ? rows[i].dtype : "?");
             cJSON *sh = cJSON_AddArrayToObject(t, "shape");
-            for (int d = 0; d < rows[i].n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)rows[i].shape[d]));
+            for (int d = 0; d < rows[i].n_dims; d++)
+                cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)rows[i].shape[d]));
             cJSON_AddNumberToObject(t, "bytes", (double)rows[i].bytes);
             cJSON_AddItemToArray(ts, t);
         }
@@ -201,7 +206,8 @@ static int inspect_model(const char *path, int json, int all)
                cf->n_head, cf->n_kv_head, cf->n_head / cf->n_kv_head, cf->d_head, cf->d_head / 2,
                cf->qkv_bias ? ", q/k/v bias" : "");
         printf("rope          theta %g, scaling %s, file layout %s\n", cf->rope_theta, scaling, layout);
-        printf("norm          RMSNorm, eps %g; embeddings %s\n", cf->norm_eps, cf->tied_embeddings ? "tied" : "separate");
+        printf("norm          RMSNorm, eps %g; embeddings %s\n", cf->norm_eps,
+               cf->tied_embeddings ? "tied" : "separate");
         printf("parameters    %.1f M\n", m->n_params / 1e6);
         printf("memory        weights %.1f MB; KV cache (f16) %.1f KB per token, %.1f MB at %d tokens (f32: twice)\n",
                m->weight_bytes / 1e6, kv_tok / 2e3, kv_tok / 2 * cf->n_ctx_train / 1e6, cf->n_ctx_train);
@@ -381,7 +387,8 @@ static int inspect_profile(const char *path, const profile_opts *o)
         if (r < 0) { die("%s", err); goto out; }
     }
     if (o->export_kind) {
-        int r = export_ds ? export_sglang_ds(&p, ds_type, o->output, err) : export_json_dims(&p, (int)fcs, o->output, err);
+        int r =
+            export_ds ? export_sglang_ds(&p, ds_type, o->output, err) : export_json_dims(&p, (int)fcs, o->output, err);
         if (r < 0) { die("%s", err); goto out; }
     }
     if (o->json) {
@@ -453,7 +460,8 @@ int cmd_inspect(int argc, char **argv)
         }
     }
     if (devices) {
-        if (optind != argc || all || profile_flag) return die_usage("--devices takes no model, profile or other option but --json");
+        if (optind != argc || all || profile_flag)
+            return die_usage("--devices takes no model, profile or other option but --json");
         return inspect_devices(po.json);
     }
     if (optind != argc - 1) {

@@ -192,7 +192,10 @@ int cmd_run(int argc, char **argv)
             break;
         case OPT_GROUP: so.group = 1; break;
         case OPT_SINKS: if (parse_int("--sinks", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_sink = (int)v; break;
-        case OPT_RECENT: if (parse_int("--recent", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_recent = (int)v; break;
+        case OPT_RECENT:
+            if (parse_int("--recent", optarg, 0, 1 << 24, &v)) return EXIT_USAGE;
+            so.n_recent = (int)v;
+            break;
         case OPT_PER_HEAD: so.tip = FASA_TIP_UNION; break;
         case OPT_TIP: {
             const int tip = fasa_tip_parse(optarg);
@@ -208,7 +211,8 @@ int cmd_run(int argc, char **argv)
             break;
         case OPT_KV_TYPE: if (parse_kv_type(optarg, &so.kv_f16)) return EXIT_USAGE; break;
         case OPT_DEVICE:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return die_usage("--device '%s' is not one of cpu, cuda", optarg);
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+                return die_usage("--device '%s' is not one of cpu, cuda", optarg);
             so.device = !strcmp(optarg, "cuda") ? FASA_DEVICE_CUDA : FASA_DEVICE_CPU;
             break;
         case 'n': if (parse_int("--n-predict", optarg, 0, 1 << 20, &n_predict)) return EXIT_USAGE; break;
@@ -272,15 +276,25 @@ int cmd_run(int argc, char **argv)
             if (!(text = fasa_read_stream(stdin, NULL))) { die("cannot read the prompt from stdin"); goto out; }
             prompt = text;
         }
-        if ((n_prompt = session_prompt_ids(m, prompt, chat, system, &ids, err)) < 0) { status = fail(n_prompt, err); goto out; }
+        if ((n_prompt = session_prompt_ids(m, prompt, chat, system, &ids, err)) < 0) {
+            status = fail(n_prompt, err);
+            goto out;
+        }
     }
     so.n_ctx = (int)(ctx ? ctx : n_prompt + n_predict);
     if (n_prompt + n_predict > so.n_ctx) n_predict = so.n_ctx - n_prompt;
-    if (n_predict < 0) { status = die_usage("the prompt (%d tokens) does not fit the context (%d)", n_prompt, so.n_ctx); goto out; }
+    if (n_predict < 0) {
+        status = die_usage("the prompt (%d tokens) does not fit the context (%d)", n_prompt, so.n_ctx);
+        goto out;
+    }
     if (!ctx && so.n_ctx > m->cfg.n_ctx_train)
-        fprintf(stderr, "fasa: warning: %d tokens exceed the model's training context (%d)\n", so.n_ctx, m->cfg.n_ctx_train);
+        fprintf(stderr, "fasa: warning: %d tokens exceed the model's training context (%d)\n", so.n_ctx,
+                m->cfg.n_ctx_train);
     if ((rc = session_open(&ss, m, model_path, &so, err)) < 0) { status = fail(rc, err); goto out; }
-    if ((rc = sampler_init(&sp, V, (float)temp, (int)top_k, (float)top_p, (uint64_t)seed, err)) < 0) { die("%s", err); goto out; }
+    if ((rc = sampler_init(&sp, V, (float)temp, (int)top_k, (float)top_p, (uint64_t)seed, err)) < 0) {
+        die("%s", err);
+        goto out;
+    }
     if (dump && !(all = malloc(sizeof(float) * n_prompt * V))) { die("out of memory"); goto out; }
     if (!(gen = malloc(sizeof *gen * (n_predict + 1)))) { die("out of memory"); goto out; }
 

@@ -85,7 +85,8 @@ int fasa_atomic_open(fasa_atomic *a, const char *path, char *err)
     a->fd = -1;
     if (snprintf(a->tmp, sizeof a->tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof a->tmp)
         return fasa_error(err, FASA_EARG, "cannot create '%s': path too long", path);
-    if ((a->fd = mkstemp(a->tmp)) < 0) return fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
+    if ((a->fd = mkstemp(a->tmp)) < 0)
+        return fasa_error(err, FASA_EIO, "cannot create '%s': %s", path, strerror(errno));
     /* mkstemp makes 0600 files; give the output the mode a plain fopen would */
     const mode_t mask = umask(0);
     umask(mask);

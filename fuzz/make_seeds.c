@@ -170,8 +170,10 @@ static const char *const ADDED[] = { "<|im_start|>", "<|im_end|>", "<s>", "</s>"
 static cJSON *tok_pre(enum tokenizer_pre kind)
 {
     static const char *const split_re[] = {
-        [TOKENIZER_PRE_LLAMA3] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-        [TOKENIZER_PRE_QWEN2] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        [TOKENIZER_PRE_LLAMA3] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                 "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        [TOKENIZER_PRE_QWEN2] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     };
     cJSON *bl = cJSON_CreateObject();
     cJSON_AddStringToObject(bl, "type", "ByteLevel");
@@ -266,7 +268,8 @@ static char *tok_json(enum tokenizer_pre kind, int variant)
     return s;
 }
 
-static const char SAMPLE_TEXT[] = "the world's 12 <|im_start|>user\nhello, world!<|im_end|> <|user|> caf\xc3\xa9 x\x04 \xff";
+static const char SAMPLE_TEXT[] =
+    "the world's 12 <|im_start|>user\nhello, world!<|im_end|> <|user|> caf\xc3\xa9 x\x04 \xff";
 
 static void seeds_tokenizer(void)
 {
@@ -343,7 +346,8 @@ static void write_gguf_with_tokenizer(const tiny_model *t, const char *path, con
     gguf_w_bool(w, "tokenizer.ggml.add_bos_token", 0);
     gguf_w_str(w, "tokenizer.chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}");
     int64_t ne[2];
-#define T2(nm, data, rows, cols) (ne[0] = (cols), ne[1] = (rows), gguf_w_tensor(w, nm, GGUF_TYPE_F32, (rows) == 1 ? 1 : 2, ne, data))
+#define T2(nm, data, rows, cols)                                                                                       \
+    (ne[0] = (cols), ne[1] = (rows), gguf_w_tensor(w, nm, GGUF_TYPE_F32, (rows) == 1 ? 1 : 2, ne, data))
     T2("token_embd.weight", t->embd, s->n_vocab, D);
     T2("output_norm.weight", t->out_norm, 1, D);
     if (t->lm_head) T2("output.weight", t->lm_head, s->n_vocab, D);
@@ -494,7 +498,8 @@ static void seeds_config(void)
           "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":32,\"intermediate_size\":32,"
           "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"vocab_size\":32,\"rope_theta\":500000.0,"
           "\"rms_norm_eps\":1e-05,\"tie_word_embeddings\":false,\"rope_scaling\":{\"rope_type\":\"llama3\","
-          "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}}" },
+          "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"
+          "}" },
         { "linear_scaling.json",
           "{\"model_type\":\"mistral\",\"num_hidden_layers\":1,\"hidden_size\":32,\"intermediate_size\":32,"
           "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":16,\"vocab_size\":32,"
@@ -504,7 +509,8 @@ static void seeds_config(void)
           "\"num_attention_heads\":2,\"num_key_value_heads\":2,\"vocab_size\":32,\"attention_bias\":true,"
           "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0}}" },
     };
-    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) put("config", extra[i][0], extra[i][1], strlen(extra[i][1]));
+    for (size_t i = 0; i < sizeof extra / sizeof *extra; i++)
+        put("config", extra[i][0], extra[i][1], strlen(extra[i][1]));
 }
 
 /* ---------------------------------------------------------------- profiles and bundles */

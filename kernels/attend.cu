@@ -89,7 +89,8 @@ static int mirror_rows(fasa_cuda_kv *kv, int layer, int g, const float *K, const
         for (int c = 0; c < d; c++) kv->h_v[(size_t)i * d + c] = fasa_f32_to_f16(v[c]);
     }
     int r = fasa_cuda_upload(kv->cu, kv->kdom + row0 * nd, kv->h_dom, (size_t)m * nd * sizeof(uint16_t), err);
-    if (r == 0 && nr) r = fasa_cuda_upload(kv->cu, kv->krest + row0 * nr, kv->h_rest, (size_t)m * nr * sizeof(uint16_t), err);
+    if (r == 0 && nr)
+        r = fasa_cuda_upload(kv->cu, kv->krest + row0 * nr, kv->h_rest, (size_t)m * nr * sizeof(uint16_t), err);
     if (r == 0) r = fasa_cuda_upload(kv->cu, kv->v + row0 * d, kv->h_v, (size_t)m * d * sizeof(uint16_t), err);
     return r;
 }
@@ -117,7 +118,8 @@ static int attend_locked(fasa_cuda_kv *kv, int layer, int head, const float *K, 
     const uint16_t *d_v = kv->v + base * kv->d;
     if (idx) {
         for (int j = 0; j < n; j++)
-            if (idx[j] < 0 || idx[j] >= t) return fasa_error(err, FASA_EARG, "attention: token %d is not cached (%d)", idx[j], t);
+            if (idx[j] < 0 || idx[j] >= t)
+                return fasa_error(err, FASA_EARG, "attention: token %d is not cached (%d)", idx[j], t);
         if ((r = fasa_cuda_upload(cu, kv->d_idx, idx, (size_t)n * sizeof(int32_t), err)) < 0) return r;
         r = fasa_cuda_fac(cu, kv->d_out, kv->d_q, d_kdom, d_krest, d_v, &sh, kv->d_idx, n, 0, err);
     } else {

@@ -9,7 +9,8 @@ extern "C" int fasa_cuda_dense(fasa_cuda *cu, float *out, const float *q, const 
 {
     const int r = fasa_cuda_check_shape(sh, err);
     if (r < 0) return r;
-    if (t < 1 || t > sh->n_ctx) return fasa_error(err, FASA_EARG, "dense attention over %d tokens of a %d-token cache", t, sh->n_ctx);
+    if (t < 1 || t > sh->n_ctx)
+        return fasa_error(err, FASA_EARG, "dense attention over %d tokens of a %d-token cache", t, sh->n_ctx);
     if (sh->n_dom < sh->d && !krest) return fasa_error(err, FASA_EARG, "dense attention: keys have no rest block");
     fasa_att_args a = {};
     a.q = q;

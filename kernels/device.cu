@@ -17,7 +17,9 @@ static int count_devices(char *err)
         const char *why = cudaGetErrorString(e);
         cudaGetLastError();   /* clear the error */
         return fasa_error(err, FASA_EUNSUPPORTED, "no CUDA device (cudaGetDeviceCount: %s%s)", why,
-                          e == cudaErrorInsufficientDriver ? ": no NVIDIA driver is loaded, or it is older than this CUDA runtime" : "");
+                          e == cudaErrorInsufficientDriver
+                              ? ": no NVIDIA driver is loaded, or it is older than this CUDA runtime"
+                              : "");
     }
     if (n == 0) return fasa_error(err, FASA_EUNSUPPORTED, "no CUDA device");
     return n;

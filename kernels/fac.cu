@@ -22,7 +22,8 @@ static __global__ void __launch_bounds__(FASA_ATT_THREADS, 4) fasa_att_partial(f
     const int32_t *idx = a.idx ? a.idx + (size_t)h * a.n : nullptr;
     const uint16_t *kdom = a.kdom + (size_t)g * a.n_ctx * a.n_dom;
     /* rows of krest and v: the KV head's block, or this head's staging rows */
-    const uint16_t *krest = a.compact ? a.krest + fasa_stage_row(h, 0, a.n, n_rest) : a.krest + (size_t)g * a.n_ctx * n_rest;
+    const uint16_t *krest =
+        a.compact ? a.krest + fasa_stage_row(h, 0, a.n, n_rest) : a.krest + (size_t)g * a.n_ctx * n_rest;
     const uint16_t *v = a.compact ? a.v + fasa_stage_row(h, 0, a.n, a.d) : a.v + (size_t)g * a.n_ctx * a.d;
     fasa_softmax st = fasa_softmax_init();
     float acc0 = 0.0f, acc1 = 0.0f;   /* dims tid and tid + FASA_ATT_THREADS */

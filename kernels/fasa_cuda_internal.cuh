@@ -67,7 +67,8 @@ static inline int fasa_cuda_check_shape(const fasa_cuda_shape *sh, char *err)
     if (!sh || sh->n_head < 1 || sh->n_kv < 1 || sh->n_head % sh->n_kv || sh->d < 1 || sh->d > FASA_CUDA_MAX_D ||
         sh->n_dom < 1 || sh->n_dom > sh->d || sh->n_ctx < 1)
         return fasa_error(err, FASA_EARG, "bad attention shape (heads %d/%d, d %d, dominant dims %d, context %d)",
-                          sh ? sh->n_head : 0, sh ? sh->n_kv : 0, sh ? sh->d : 0, sh ? sh->n_dom : 0, sh ? sh->n_ctx : 0);
+                          sh ? sh->n_head : 0, sh ? sh->n_kv : 0, sh ? sh->d : 0, sh ? sh->n_dom : 0,
+                          sh ? sh->n_ctx : 0);
     return 0;
 }
 

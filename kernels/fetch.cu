@@ -52,7 +52,8 @@ extern "C" int fasa_cuda_stage_init(fasa_cuda *cu, fasa_cuda_stage *st, int n_he
 {
     memset(st, 0, sizeof *st);
     if (n_head < 1 || n < 1 || d < 1 || n_rest < 0 || n_rest >= d)
-        return fasa_error(err, FASA_EARG, "bad staging buffers (%d heads, %d rows, d %d, %d rest dims)", n_head, n, d, n_rest);
+        return fasa_error(err, FASA_EARG, "bad staging buffers (%d heads, %d rows, d %d, %d rest dims)", n_head, n, d,
+                          n_rest);
     st->n_head = n_head;
     st->n = n;
     st->d = d;
@@ -60,7 +61,8 @@ extern "C" int fasa_cuda_stage_init(fasa_cuda *cu, fasa_cuda_stage *st, int n_he
     int r = 0;
     for (int s = 0; s < 2 && r == 0; s++) {
         r = fasa_cuda_alloc(cu, (void **)&st->v[s], (size_t)n_head * n * d * sizeof(uint16_t), err);
-        if (r == 0 && n_rest) r = fasa_cuda_alloc(cu, (void **)&st->rest[s], (size_t)n_head * n * n_rest * sizeof(uint16_t), err);
+        if (r == 0 && n_rest)
+            r = fasa_cuda_alloc(cu, (void **)&st->rest[s], (size_t)n_head * n * n_rest * sizeof(uint16_t), err);
         cudaEvent_t ev[2] = {};
         if (r == 0) {
             cudaError_t e = cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming);
@@ -89,8 +91,9 @@ static int check_fetch(const fasa_cuda_stage *st, const fasa_cuda_cold *c, int l
 {
     if (!c->v || layer < 0 || layer >= c->n_layer || n_head < 1 || n_head > st->n_head || n_head % c->n_kv ||
         n < 1 || n > st->n || c->d != st->d || c->n_rest != st->n_rest)
-        return fasa_error(err, FASA_EARG, "fetch of %d rows for %d heads in layer %d does not fit the cold tier or staging buffers",
-                          n, n_head, layer);
+        return fasa_error(err, FASA_EARG,
+                          "fetch of %d rows for %d heads in layer %d does not fit the cold tier or staging buffers", n,
+                          n_head, layer);
     return 0;
 }
 
@@ -115,8 +118,8 @@ static __global__ void __launch_bounds__(FETCH_THREADS) fetch_kernel(uint16_t *d
     const int tok = idx[(size_t)h * n + j];
     if (tok < 0 || tok >= n_ctx) return;   /* a bad index leaves the row as it was, never reads outside */
     if (n_rest)
-        copy_row(dst_rest + fasa_stage_row(h, j, n, n_rest), cold_rest + fasa_cold_row(layer, g, tok, n_kv, n_ctx, n_rest),
-                 n_rest);
+        copy_row(dst_rest + fasa_stage_row(h, j, n, n_rest),
+                 cold_rest + fasa_cold_row(layer, g, tok, n_kv, n_ctx, n_rest), n_rest);
     copy_row(dst_v + fasa_stage_row(h, j, n, d), cold_v + fasa_cold_row(layer, g, tok, n_kv, n_ctx, d), d);
 }
 
@@ -145,12 +148,14 @@ extern "C" int fasa_cuda_fetch_copy(fasa_cuda *cu, fasa_cuda_stage *st, const fa
         for (int j = 0; j < n; ) {
             const int run = fasa_run_length(ih, n, j);
             if (ih[j] < 0 || ih[j] + run > c->n_ctx)
-                return fasa_error(err, FASA_EARG, "fetch: token %d is outside the cache (%d)", ih[j] + run - 1, c->n_ctx);
+                return fasa_error(err, FASA_EARG, "fetch: token %d is outside the cache (%d)", ih[j] + run - 1,
+                                  c->n_ctx);
             if (c->n_rest)
-                FASA_CU_TRY(cudaMemcpyAsync(st->rest[s] + fasa_stage_row(h, j, n, c->n_rest),
-                                            c->rest + fasa_cold_row(layer, h / group, ih[j], c->n_kv, c->n_ctx, c->n_rest),
-                                            (size_t)run * c->n_rest * sizeof(uint16_t), cudaMemcpyHostToDevice, cu->copy),
-                            "cudaMemcpyAsync (fetch)");
+                FASA_CU_TRY(
+                    cudaMemcpyAsync(st->rest[s] + fasa_stage_row(h, j, n, c->n_rest),
+                                    c->rest + fasa_cold_row(layer, h / group, ih[j], c->n_kv, c->n_ctx, c->n_rest),
+                                    (size_t)run * c->n_rest * sizeof(uint16_t), cudaMemcpyHostToDevice, cu->copy),
+                    "cudaMemcpyAsync (fetch)");
             FASA_CU_TRY(cudaMemcpyAsync(st->v[s] + fasa_stage_row(h, j, n, c->d),
                                         c->v + fasa_cold_row(layer, h / group, ih[j], c->n_kv, c->n_ctx, c->d),
                                         (size_t)run * c->d * sizeof(uint16_t), cudaMemcpyHostToDevice, cu->copy),

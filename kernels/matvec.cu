@@ -9,8 +9,8 @@
 
 #define MATVEC_WARPS 8
 
-static __global__ void __launch_bounds__(MATVEC_WARPS * 32) matvec_f16_kernel(float *y, const uint16_t *W, const float *x,
-                                                                             int rows, int cols)
+static __global__ void __launch_bounds__(MATVEC_WARPS * 32)
+    matvec_f16_kernel(float *y, const uint16_t *W, const float *x, int rows, int cols)
 {
     const int row = blockIdx.x * MATVEC_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= rows) return;   /* whole warps */
@@ -36,7 +36,8 @@ extern "C" int fasa_cuda_matvec_f16(fasa_cuda *cu, float *y, const uint16_t *W, 
                                     char *err)
 {
     if (rows < 1 || cols < 1) return fasa_error(err, FASA_EARG, "matvec of a %d x %d matrix", rows, cols);
-    matvec_f16_kernel<<<(rows + MATVEC_WARPS - 1) / MATVEC_WARPS, MATVEC_WARPS * 32, 0, cu->stream>>>(y, W, x, rows, cols);
+    matvec_f16_kernel<<<(rows + MATVEC_WARPS - 1) / MATVEC_WARPS, MATVEC_WARPS * 32, 0, cu->stream>>>(y, W, x, rows,
+                                                                                                      cols);
     return fasa_cuda_launched(err, "matvec_f16_kernel");
 }
 

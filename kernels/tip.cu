@@ -23,9 +23,11 @@ extern "C" int fasa_cuda_tip(fasa_cuda *cu, float *scores, const float *qdom, co
 {
     const int r = fasa_cuda_check_shape(sh, err);
     if (r < 0) return r;
-    if (t < 0 || t > sh->n_ctx) return fasa_error(err, FASA_EARG, "TIP over %d tokens of a %d-token cache", t, sh->n_ctx);
+    if (t < 0 || t > sh->n_ctx)
+        return fasa_error(err, FASA_EARG, "TIP over %d tokens of a %d-token cache", t, sh->n_ctx);
     if (t == 0) return 0;
     const dim3 grid((t + TIP_THREADS - 1) / TIP_THREADS, sh->n_head);
-    tip_kernel<<<grid, TIP_THREADS, 0, cu->stream>>>(scores, qdom, kdom, t, sh->n_dom, sh->n_ctx, sh->n_head / sh->n_kv);
+    tip_kernel<<<grid, TIP_THREADS, 0, cu->stream>>>(scores, qdom, kdom, t, sh->n_dom, sh->n_ctx,
+                                                     sh->n_head / sh->n_kv);
     return fasa_cuda_launched(err, "tip_kernel");
 }

@@ -111,9 +111,10 @@ char *session_devices(int json)
     for (int i = 0; text && i < n && i < 16; i++)
         len += snprintf(text + len, cap - len,
                         "%scuda:%d  %s  compute %d.%d  %d SMs  %.1f GB (%.1f GB free)  mapped host memory: %s  "
-                        "fasa kernels: %s", i ? "\n" : "", dev[i].index, dev[i].name, dev[i].cc_major,
-                        dev[i].cc_minor, dev[i].n_sm, dev[i].mem_total / 1e9, dev[i].mem_free / 1e9,
-                        dev[i].can_map_host ? "yes" : "no", dev[i].has_kernels ? "yes" : "no (built for sm_80 and sm_90)");
+                        "fasa kernels: %s",
+                        i ? "\n" : "", dev[i].index, dev[i].name, dev[i].cc_major, dev[i].cc_minor, dev[i].n_sm,
+                        dev[i].mem_total / 1e9, dev[i].mem_free / 1e9, dev[i].can_map_host ? "yes" : "no",
+                        dev[i].has_kernels ? "yes" : "no (built for sm_80 and sm_90)");
     return text;
 }
 
@@ -220,11 +221,15 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         if (o->dense_mask >> l & 1)
             snprintf(dense + strlen(dense), sizeof dense - strlen(dense), "%s%d", *dense ? "," : " + layers ", l);
     if (po->tip_bits)
-        snprintf(tip, sizeof tip, "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims, %d bytes "
-                 "a key)", ss->pol.tip_width, ss->pol.tip_width / 2 + 4);
+        snprintf(tip, sizeof tip,
+                 "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims, %d bytes "
+                 "a key)",
+                 ss->pol.tip_width, ss->pol.tip_width / 2 + 4);
     else
-        snprintf(tip, sizeof tip, "%s", po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"
-                 : kvo->n_split ? "TIP: the group's top chunks, an f16 block" : "TIP gathers each head's dims");
+        snprintf(tip, sizeof tip, "%s",
+                 po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"
+                 : kvo->n_split ? "TIP: the group's top chunks, an f16 block"
+                                : "TIP gathers each head's dims");
     const int recent = po->n_recent < 0 ? po->budget / 2 : po->n_recent;
     char budget[96];
     if (po->auto_mass > 0)
@@ -291,7 +296,8 @@ int session_open(session **out, model *m, const char *model_path, const session_
     if (ss->has_policy && (rc = attention_use_policy(ss->s, &ss->pol, INT_MAX, err)) < 0) goto fail;
     if (o->device == FASA_DEVICE_CUDA) {
         if ((rc = cuda_open(ss, err)) < 0) goto fail;
-        snprintf(ss->note + strlen(ss->note), sizeof ss->note - strlen(ss->note), "; decode attention on CUDA device 0");
+        snprintf(ss->note + strlen(ss->note), sizeof ss->note - strlen(ss->note),
+                 "; decode attention on CUDA device 0");
     }
     *out = ss;
     return 0;

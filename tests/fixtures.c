@@ -231,7 +231,13 @@ int tiny_write_gguf(const tiny_model *t, const char *path, uint32_t type)
     /* gemma: the file holds 1 + w, as llama.cpp's converter writes it */
     const int plus1 = s->arch == TINY_GEMMA3;
     float *one = malloc(sizeof(float) * (D > s->d_head ? D : s->d_head));
-#define NORM(v, n) (memcpy(one, v, sizeof(float) * (n)), plus1 ? (void)({ for (int i_ = 0; i_ < (n); i_++) one[i_] += 1; }) : (void)0, one)
+#define NORM(v, n)                                                                                                     \
+    (memcpy(one, v, sizeof(float) * (n)),                                                                              \
+     plus1 ? (void)({                                                                                                  \
+         for (int i_ = 0; i_ < (n); i_++) one[i_] += 1;                                                                \
+     })                                                                                                                \
+           : (void)0,                                                                                                  \
+     one)
     put(w, "token_embd.weight", t->embd, s->n_vocab, D, type);
     put(w, "output_norm.weight", NORM(t->out_norm, D), 1, D, type);
     if (t->lm_head) put(w, "output.weight", t->lm_head, s->n_vocab, D, type);
@@ -316,7 +322,8 @@ void tiny_forward_ref(const tiny_model *t, const int32_t *ids, int n, double *lo
     double *tmp = malloc(sizeof(double) * (D > s->d_ff ? D : s->d_ff) * 2), *att = malloc(sizeof(double) * n);
     double *g = malloc(sizeof(double) * s->d_ff), *u = malloc(sizeof(double) * s->d_ff);
     for (int i = 0; i < n; i++)
-        for (int c = 0; c < D; c++) x[(size_t)i * D + c] = t->embd[(size_t)ids[i] * D + c] * (gem ? sqrt((double)D) : 1);
+        for (int c = 0; c < D; c++)
+            x[(size_t)i * D + c] = t->embd[(size_t)ids[i] * D + c] * (gem ? sqrt((double)D) : 1);
     for (int l = 0; l < s->n_layer; l++) {
         const tiny_layer *L = &t->layers[l];
         const int local = tiny_local(s, l);
@@ -327,7 +334,8 @@ void tiny_forward_ref(const tiny_model *t, const int32_t *ids, int n, double *lo
             ref_matvec(k + (size_t)i * kvd, L->wk, xb, kvd, D);
             ref_matvec(v + (size_t)i * kvd, L->wv, xb, kvd, D);
             for (int j = 0; L->bq && j < qd; j++) q[(size_t)i * qd + j] += L->bq[j];
-            for (int j = 0; L->bk && j < kvd; j++) k[(size_t)i * kvd + j] += L->bk[j], v[(size_t)i * kvd + j] += L->bv[j];
+            for (int j = 0; L->bk && j < kvd; j++)
+                k[(size_t)i * kvd + j] += L->bk[j], v[(size_t)i * kvd + j] += L->bv[j];
             for (int h = 0; L->q_norm && h < H; h++) {
                 double *p = q + (size_t)i * qd + h * dh;
                 ref_rmsnorm(p, p, L->q_norm, dh, gem);
@@ -347,7 +355,8 @@ void tiny_forward_ref(const tiny_model *t, const int32_t *ids, int n, double *lo
                 double mx = -1e300, sum = 0;
                 for (int t2 = t0; t2 <= i; t2++) {
                     double d = 0;
-                    for (int c = 0; c < dh; c++) d += q[(size_t)i * qd + h * dh + c] * k[(size_t)t2 * kvd + gi * dh + c];
+                    for (int c = 0; c < dh; c++)
+                        d += q[(size_t)i * qd + h * dh + c] * k[(size_t)t2 * kvd + gi * dh + c];
                     att[t2] = d / sqrt((double)dh);
                     if (att[t2] > mx) mx = att[t2];
                 }

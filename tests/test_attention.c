@@ -49,7 +49,8 @@ static float *decode_logits_kv(env *e, policy *pol, int P, int n, int batch, con
     run_state *s = run_state_new_kv(e->m, n, 64, ko, err);
     cr_assert_not_null(s, "%s", err);
     const int V = e->m->cfg.n_vocab;
-    for (int i = 0; i < P; i += 64) cr_assert_eq(model_forward(e->m, s, e->ids + i, P - i < 64 ? P - i : 64, 0, err), 0);
+    for (int i = 0; i < P; i += 64)
+        cr_assert_eq(model_forward(e->m, s, e->ids + i, P - i < 64 ? P - i : 64, 0, err), 0);
     cr_assert_eq(attention_use_policy(s, pol, P, err), 0, "%s", err);
     float *out = malloc(sizeof(float) * (n - P) * V);
     for (int i = P; i < n; i += batch) {
@@ -177,7 +178,8 @@ Test(attention, f16_cache, .timeout = 60)
     char err[FASA_ERRLEN];
     const size_t V = e.m->cfg.n_vocab, n = 40;
     const int d = e.m->cfg.d_head;
-    const kv_opts h16 = { .f16 = 1 }, split = { .n_split = 4, .f16 = 1 }, cold = { .n_split = 4, .cold_dir = e.dir, .f16 = 1 };
+    const kv_opts h16 = { .f16 = 1 }, split = { .n_split = 4, .f16 = 1 },
+                  cold = { .n_split = 4, .cold_dir = e.dir, .f16 = 1 };
     /* rows in, rows out */
     kvcache kv, kv32;
     cr_assert_eq(kvcache_init(&kv, 2, 2, 100, d, &split, err), 0, "%s", err);
@@ -200,7 +202,8 @@ Test(attention, f16_cache, .timeout = 60)
     float *f16b = decode_logits_kv(&e, NULL, 200, 240, 8, &h16);   /* batched prefill attention */
     cr_expect_leq(max_rel(f16b, f16, n * V), 1e-5, "f16: batch of 8 vs one token at a time");
     float *f16s = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
-    cr_expect_leq(max_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)", max_rel(f16s, f16, n * V));
+    cr_expect_leq(max_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)",
+                  max_rel(f16s, f16, n * V));
 
     cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     float *full_r = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
@@ -234,7 +237,8 @@ Test(attention, fasa_with_budget_over_context_equals_full_exactly)
     cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
     const size_t V = e.m->cfg.n_vocab, n = 40;
     float *full = decode_logits(&e, NULL, 200, 240, 1), *fasa = decode_logits(&e, &pol, 200, 240, 1);
-    cr_expect_eq(memcmp(full, fasa, sizeof(float) * n * V), 0, "fasa with budget >= context is not bit-identical to full");
+    cr_expect_eq(memcmp(full, fasa, sizeof(float) * n * V), 0,
+                 "fasa with budget >= context is not bit-identical to full");
     /* and a small budget really changes the output, so the comparison above can fail */
     policy small;
     o.budget = 16;
@@ -504,8 +508,8 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
             bytes[k] = run_state_kv_bytes_read(s) - b0;
             run_state_free(s);
         }
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5, "f16 %d, %d threads: shared forced rows changed the output",
-                      f16, threads[nt]);
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5,
+                      "f16 %d, %d threads: shared forced rows changed the output", f16, threads[nt]);
         cr_expect_lt(bytes[0], bytes[1], "f16 %d: the shared path should read fewer bytes (%llu vs %llu)", f16,
                      (unsigned long long)bytes[0], (unsigned long long)bytes[1]);
         free(out[0]); free(out[1]);
@@ -564,7 +568,9 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
             run_state_free(s);
         }
         cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5, "%d threads: fused and per-query q4 differ", nt);
-        cr_expect_leq(max_rel(out[1], out[2], 40 * V), 1e-5, "%d threads: the copy and rounding keys differ (%g; first step %d)", nt, max_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
+        cr_expect_leq(max_rel(out[1], out[2], 40 * V), 1e-5,
+                      "%d threads: the copy and rounding keys differ (%g; first step %d)", nt,
+                      max_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
         cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-5, "%d threads: q4 selected as exact keys do everywhere", nt);
         cr_expect_lt(bytes[0], bytes[3], "the copy should be read instead of keys (%llu vs %llu bytes)",
                      (unsigned long long)bytes[0], (unsigned long long)bytes[3]);

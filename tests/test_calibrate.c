@@ -63,7 +63,8 @@ static int by_score(const void *a, const void *b)
     return i - j;
 }
 
-static void brute_obs(void *ctx, const model *m, const struct run_state *s, int layer, int head, int pos, const float *q)
+static void brute_obs(void *ctx, const model *m, const struct run_state *s, int layer, int head, int pos,
+                      const float *q)
 {
     brute *B = ctx;
     if (pos < B->n_prefill) return;
@@ -75,10 +76,12 @@ static void brute_obs(void *ctx, const model *m, const struct run_state *s, int 
     for (int i = 0; i < t; i++) {
         double acc = 0;
         for (int c = 0; c < d / 2; c++)
-            acc += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
+            acc += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] +
+                   q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
         full[i] = 0;
         for (int c = 0; c < d / 2; c++)   /* same summation order as the observer: chunk by chunk, float */
-            full[i] += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
+            full[i] += q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] +
+                       q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]];
         (void)acc;
         of[i] = i;
     }
@@ -86,7 +89,9 @@ static void brute_obs(void *ctx, const model *m, const struct run_state *s, int 
     qsort(of, t, sizeof *of, by_score);
     for (int c = 0; c < d / 2; c++) {
         for (int i = 0; i < t; i++)
-            cs[i] = q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] + q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]], oc[i] = i;
+            cs[i] = q[dims[2 * c]] * K[(size_t)i * d + dims[2 * c]] +
+                    q[dims[2 * c + 1]] * K[(size_t)i * d + dims[2 * c + 1]],
+            oc[i] = i;
         sort_scores = cs;
         qsort(oc, t, sizeof *oc, by_score);
         for (int b = 0; b < B->n_k; b++) {
@@ -231,7 +236,8 @@ Test(calibrate, profile_deterministic_and_round_trips)
     int ki = profile_k_index(&a, 64);
     for (int h = 0; h < a.n_head; h++) {
         const int16_t *r = profile_rank(&a, 1, h);
-        for (int j = 1; j < a.n_chunk; j++) cr_expect_geq(profile_ca(&a, ki, 1, h)[r[j - 1]], profile_ca(&a, ki, 1, h)[r[j]]);
+        for (int j = 1; j < a.n_chunk; j++)
+            cr_expect_geq(profile_ca(&a, ki, 1, h)[r[j - 1]], profile_ca(&a, ki, 1, h)[r[j]]);
     }
     profile_free(&a); profile_free(&b); profile_free(&c);
     model_close(m);
@@ -259,16 +265,20 @@ Test(calibrate, bad_profiles)
     expect_load_fails(dir, "{\"format\": \"fasa-profile\", \"version\": 7}", "profile version 7");
     expect_load_fails(dir, "[1, 2]", "not a JSON object");
     expect_load_fails(dir, "{\"format\": \"other\"}", "not a fasa profile");
-    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
-                           "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
-                           "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
-                           "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[NaN]]]}}",
-                      "not valid JSON");
-    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
-                           "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
-                           "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
-                           "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[1.5]]]}}",
-                      "not a number in [0, 1]");
+    expect_load_fails(
+        dir,
+        "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
+        "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
+        "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
+        "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[NaN]]]}}",
+        "not valid JSON");
+    expect_load_fails(
+        dir,
+        "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\",\"n_layer\":1,"
+        "\"n_head\":1,\"n_kv_head\":1,\"d_head\":2,\"qk_hash\":\"0000000000000001\"},\"chunks\":{\"definition\":"
+        "\"plane\",\"count\":1},\"calibration\":{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,"
+        "\"n_steps\":2,\"k\":[1],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[1.5]]]}}",
+        "not a number in [0, 1]");
     tmpdir_remove(dir);
 }
 
@@ -278,12 +288,14 @@ Test(calibrate, bad_profiles)
 Test(calibrate, profile_dims_are_checked_before_allocating)
 {
     char *dir = tmpdir_make();
-    expect_load_fails(dir, "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\","
-                           "\"n_layer\":1024,\"n_head\":1024,\"n_kv_head\":1,\"d_head\":1024,\"qk_hash\":"
-                           "\"0000000000000001\"},\"chunks\":{\"definition\":\"plane\",\"count\":512},\"calibration\":"
-                           "{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,\"n_steps\":2,"
-                           "\"k\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[0.5]]]}}",
-                      "'ca' lacks K=1 for 1024 layers");
+    expect_load_fails(
+        dir,
+        "{\"format\":\"fasa-profile\",\"version\":1,\"model\":{\"architecture\":\"llama\","
+        "\"n_layer\":1024,\"n_head\":1024,\"n_kv_head\":1,\"d_head\":1024,\"qk_hash\":"
+        "\"0000000000000001\"},\"chunks\":{\"definition\":\"plane\",\"count\":512},\"calibration\":"
+        "{\"sample_hash\":\"0000000000000002\",\"n_tokens\":4,\"n_prefill\":2,\"n_steps\":2,"
+        "\"k\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],\"rank_k\":1,\"fcs\":1},\"ca\":{\"1\":[[[0.5]]]}}",
+        "'ca' lacks K=1 for 1024 layers");
     tmpdir_remove(dir);
 }
 

@@ -233,9 +233,11 @@ Test(cli, real_model_speed_rows, .timeout = 600)
     const char *m = real_model();
     if (!m) cr_skip_test("real_model_speed_rows: default model not installed (run scripts/setup.sh)");
     char *out, *err, args[1200];
-    snprintf(args, sizeof args, "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --json", m);
+    snprintf(args, sizeof args,
+             "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --json", m);
     int rc = fasa(args, &out, &err);
-    if (rc != 0 && strstr(err, "profile")) cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
+    if (rc != 0 && strstr(err, "profile"))
+        cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
     cr_assert_eq(rc, 0, "%s", err);
     cJSON *a = cJSON_Parse(out);
     cr_assert_not_null(a, "%s", out);
@@ -247,7 +249,8 @@ Test(cli, real_model_speed_rows, .timeout = 600)
             cr_expect(cJSON_IsNumber(cJSON_GetObjectItem(r, fields[i])), "row lacks %s", fields[i]);
         cr_expect_gt(cJSON_GetObjectItem(r, "decode_tok_s")->valuedouble, 0);
         const char *pol = cJSON_GetObjectItem(r, "policy")->valuestring;
-        double res = cJSON_GetObjectItem(r, "kv_resident_mb")->valuedouble, tot = cJSON_GetObjectItem(r, "kv_total_mb")->valuedouble;
+        double res = cJSON_GetObjectItem(r, "kv_resident_mb")->valuedouble,
+               tot = cJSON_GetObjectItem(r, "kv_total_mb")->valuedouble;
         /* fasa-m keeps only what TIP reads: the 4-bit copy, 1/8 of the f16 key and value or less */
         if (!strcmp(pol, "fasa-m")) {
             const double tb = cJSON_GetObjectItem(r, "tip_bytes_per_key")->valuedouble;
@@ -265,7 +268,8 @@ Test(cli, real_model_speed_rows, .timeout = 600)
 Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
 {
     const char *m = real_model();
-    if (!m) cr_skip_test("verify::real_model_logits_vs_transformers: default model not installed (run scripts/setup.sh)");
+    if (!m)
+        cr_skip_test("verify::real_model_logits_vs_transformers: default model not installed (run scripts/setup.sh)");
     char root[1024];
     const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
     snprintf(root, sizeof root, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
@@ -273,11 +277,13 @@ Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
     snprintf(py, sizeof py, "%s/.venv/bin/python", root);
     if (access(py, X_OK) != 0)
         cr_skip_test("verify::real_model_logits_vs_transformers: no reference venv (scripts/setup.sh --reference)");
-    snprintf(cmd, sizeof cmd, "cd %s && .venv/bin/python scripts/verify_logits.py --fasa %s --model %s >build/verify.log 2>&1",
-             root, bin, m);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && .venv/bin/python scripts/verify_logits.py --fasa %s --model %s >build/verify.log 2>&1", root,
+             bin, m);
     int st = system(cmd);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    if (rc == 77) cr_skip_test("verify::real_model_logits_vs_transformers: reference cannot be imported (see build/verify.log)");
+    if (rc == 77)
+        cr_skip_test("verify::real_model_logits_vs_transformers: reference cannot be imported (see build/verify.log)");
     cr_expect_eq(rc, 0, "verify_logits.py failed (exit %d); see build/verify.log", rc);
 }
 
@@ -305,7 +311,8 @@ Test(cli, real_model_ruler_rows, .timeout = 600)
     for (int i = 0; i < 2; i++) {
         const cJSON *t = cJSON_GetArrayItem(a, i), *mean = cJSON_GetArrayItem(a, i + 2);
         cr_expect_str_eq(cJSON_GetObjectItem(mean, "task")->valuestring, "mean");
-        cr_expect_str_eq(cJSON_GetObjectItem(t, "policy")->valuestring, cJSON_GetObjectItem(mean, "policy")->valuestring);
+        cr_expect_str_eq(cJSON_GetObjectItem(t, "policy")->valuestring,
+                         cJSON_GetObjectItem(mean, "policy")->valuestring);
         cr_expect_eq(cJSON_GetObjectItem(t, "score")->valuedouble, cJSON_GetObjectItem(mean, "score")->valuedouble);
     }
     cJSON_Delete(a);

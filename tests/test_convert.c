@@ -261,7 +261,8 @@ Test(convert, dominant_chunks_come_first)
             profile_chunk_dims(c, l, g, CHUNKS_PLANE, dims);
             profile_chunk_dims(e.m, l, g, CHUNKS_PLANE, orig);
             for (int k = 0; k < half; k++) {
-                cr_expect_eq(dims[2 * r[k]], 2 * k, "layer %d KV head %d: chunk %d of rank %d at dim %d", l, g, r[k], k, dims[2 * r[k]]);
+                cr_expect_eq(dims[2 * r[k]], 2 * k, "layer %d KV head %d: chunk %d of rank %d at dim %d", l, g, r[k], k,
+                             dims[2 * r[k]]);
                 cr_expect_eq(dims[2 * r[k] + 1], 2 * k + 1);
             }
             /* the original model keeps chunk j at its frequency slot */
@@ -300,8 +301,10 @@ static void check_to_hf(enum tiny_arch arch, int seed)
     /* the q/k rows are the Hugging Face ones again, bit for bit */
     const int D = e.t.s.d_model;
     for (int l = 0; l < e.t.s.n_layer; l++) {
-        cr_expect_eq(memcmp(a->layers[l].wq.data, e.t.layers[l].wq, sizeof(float) * a->layers[l].wq.rows * D), 0, "layer %d q", l);
-        cr_expect_eq(memcmp(a->layers[l].wk.data, e.t.layers[l].wk, sizeof(float) * a->layers[l].wk.rows * D), 0, "layer %d k", l);
+        cr_expect_eq(memcmp(a->layers[l].wq.data, e.t.layers[l].wq, sizeof(float) * a->layers[l].wq.rows * D), 0,
+                     "layer %d q", l);
+        cr_expect_eq(memcmp(a->layers[l].wk.data, e.t.layers[l].wk, sizeof(float) * a->layers[l].wk.rows * D), 0,
+                     "layer %d k", l);
     }
     const size_t n = 120, V = e.t.s.n_vocab;
     float *la = cv_logits(a, e.ids, n), *lb = cv_logits(b, e.ids, n);
@@ -713,7 +716,8 @@ static const char *cv_real_model(void)
 Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
 {
     const char *m = cv_real_model();
-    if (!m) cr_skip_test("convert::real_model_bundle_decodes_the_same: default model not installed (run scripts/setup.sh)");
+    if (!m)
+        cr_skip_test("convert::real_model_bundle_decodes_the_same: default model not installed (run scripts/setup.sh)");
     char prof[1100];
     profile_default_path(m, prof, sizeof prof);
     if (access(prof, R_OK) != 0) cr_skip_test("convert::real_model_bundle_decodes_the_same: no profile at '%s'", prof);
@@ -740,8 +744,9 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
         snprintf(args, sizeof args, "run %s --raw -n 32 --ignore-eos --print-ids --mode %s --budget 128 -p %s %s",
                  m, modes[i], prof, prompt);
         cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
-        snprintf(args, sizeof args, "run %s --raw -n 32 --ignore-eos --print-ids --mode %s --budget 128 -p %s/profile.json %s",
-                 bundle, modes[i], ex, prompt);
+        snprintf(args, sizeof args,
+                 "run %s --raw -n 32 --ignore-eos --print-ids --mode %s --budget 128 -p %s/profile.json %s", bundle,
+                 modes[i], ex, prompt);
         cr_assert_eq(cv_fasa(dir, args, &o2, &e2), 0, "%s", e2);
         cr_expect_gt(strlen(out), 32);
         cr_expect_str_eq(o2, out, "%s: the bundle's greedy tokens differ from the original's", modes[i]);
@@ -763,7 +768,8 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     char la[800], lb[800];
     snprintf(la, sizeof la, "%s/a.f32", dir);
     snprintf(lb, sizeof lb, "%s/b.f32", dir);
-    snprintf(args, sizeof args, "run %s --mode full -p %s --order-chunks --raw -n 0 --dump-logits %s %s", m, prof, la, prompt);
+    snprintf(args, sizeof args, "run %s --mode full -p %s --order-chunks --raw -n 0 --dump-logits %s %s", m, prof, la,
+             prompt);
     cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
     free(out); free(er);
     snprintf(args, sizeof args, "run %s --mode full --raw -n 0 --dump-logits %s %s", bundle, lb, prompt);

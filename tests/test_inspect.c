@@ -176,9 +176,11 @@ static void insp_check_sglang(const profile *p, const char *path, const char *ty
             insp_expect_row(p, row, rank, what);
             /* the slice [:, :C] is the top C/2 chunks' dims, as a set */
             int want[64] = { 0 }, got[64] = { 0 }, d[2];
-            for (int i = 0; i < C / 2; i++) export_chunk_dims(p->chunks, p->d_head, rank[i], d), want[d[0]] = want[d[1]] = 1;
+            for (int i = 0; i < C / 2; i++)
+                export_chunk_dims(p->chunks, p->d_head, rank[i], d), want[d[0]] = want[d[1]] = 1;
             for (int i = 0; i < C; i++) got[(int)cJSON_GetArrayItem(row, i)->valuedouble] = 1;
-            cr_expect(!memcmp(want, got, sizeof want), "%s: the first %d channels are not the top %d chunks", what, C, C / 2);
+            cr_expect(!memcmp(want, got, sizeof want), "%s: the first %d channels are not the top %d chunks", what, C,
+                      C / 2);
         }
     }
     cJSON_Delete(o);
@@ -394,8 +396,9 @@ Test(inspect, json_dims_export)
         const cJSON *kvs = cJSON_GetObjectItem(lo, "kv_heads");
         cr_assert_eq(cJSON_GetArraySize(kvs), p.n_kv_head);
         for (int g = 0; g < p.n_kv_head; g++)
-            cr_expect_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(kvs, g), "dominant_chunks"), 0)->valueint,
-                         profile_group_rank(&p, l, g)[0]);
+            cr_expect_eq(
+                cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(kvs, g), "dominant_chunks"), 0)->valueint,
+                profile_group_rank(&p, l, g)[0]);
     }
     cJSON_Delete(o);
     profile_free(&p);
@@ -647,7 +650,8 @@ static const char *insp_real_profile(void)
 Test(inspect, real_profile, .timeout = 120)
 {
     const char *rp = insp_real_profile();
-    if (!rp) cr_skip_test("inspect::real_profile: no profile of the default model (scripts/setup.sh, or set FASA_PROFILE)");
+    if (!rp)
+        cr_skip_test("inspect::real_profile: no profile of the default model (scripts/setup.sh, or set FASA_PROFILE)");
     profile p;
     char err[FASA_ERRLEN];
     cr_assert_eq(profile_load(&p, rp, err), 0, "%s", err);
@@ -655,7 +659,8 @@ Test(inspect, real_profile, .timeout = 120)
     snprintf(out, sizeof out, "%s/channels.json", dir);
     snprintf(png, sizeof png, "%s/ca.png", dir);
     char *so, *se;
-    snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s --heatmap %s --compare %s --json", rp, out, png, rp);
+    snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s --heatmap %s --compare %s --json", rp, out, png,
+             rp);
     cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
     cJSON *o = cJSON_Parse(so);
     cr_assert(o, "not JSON");
@@ -693,7 +698,8 @@ Test(inspect, lone_safetensors_lists_tensors)
     char *out, *er;
     snprintf(args, sizeof args, "inspect %s", path);
     cr_assert_eq(insp_run(args, &out, &er), 0, "%s", er);
-    cr_expect(strstr(out, "2 tensors") && strstr(out, "layer.a") && strstr(out, "2 x 3") && strstr(out, "origin = test"),
+    cr_expect(strstr(out, "2 tensors") && strstr(out, "layer.a") && strstr(out, "2 x 3") &&
+                  strstr(out, "origin = test"),
               "%s", out);
     free(out); free(er);
     snprintf(args, sizeof args, "inspect --json %s", path);

@@ -110,8 +110,9 @@ Test(kernels, f16_to_f32_all_patterns)
     const int hw = have_f16c();
     for (uint32_t h = 0; h < 65536; h++) {
         const float f = fasa_f16_to_f32_soft((uint16_t)h);
-        if (hw) cr_assert_eq(f32_bits(f), f32_bits(hw_h2f((uint16_t)h)), "half 0x%04x: 0x%08x, F16C 0x%08x", h, f32_bits(f),
-                             f32_bits(hw_h2f((uint16_t)h)));
+        if (hw)
+            cr_assert_eq(f32_bits(f), f32_bits(hw_h2f((uint16_t)h)), "half 0x%04x: 0x%08x, F16C 0x%08x", h, f32_bits(f),
+                         f32_bits(hw_h2f((uint16_t)h)));
         /* and against the definition */
         const int e = (h >> 10) & 31, m = h & 1023;
         const double sign = (h & 0x8000) ? -1 : 1;
@@ -122,7 +123,8 @@ Test(kernels, f16_to_f32_all_patterns)
             cr_assert_eq((double)f, want, "half 0x%04x: %g, want %g", h, f, want);
         }
     }
-    if (!hw) fprintf(stderr, "kernels::f16_to_f32_all_patterns: no F16C on this CPU; checked against the definition only\n");
+    if (!hw)
+        fprintf(stderr, "kernels::f16_to_f32_all_patterns: no F16C on this CPU; checked against the definition only\n");
 }
 
 static void check_f2h(float f, int hw)
@@ -166,7 +168,9 @@ Test(kernels, f32_to_f16_round_trip_and_rounding)
         memcpy(&f, &b, 4);
         check_f2h(f, hw);
     }
-    if (!hw) fprintf(stderr, "kernels::f32_to_f16_round_trip_and_rounding: no F16C on this CPU; round trips and ties only\n");
+    if (!hw)
+        fprintf(stderr,
+                "kernels::f32_to_f16_round_trip_and_rounding: no F16C on this CPU; round trips and ties only\n");
 }
 
 /* --- exp ------------------------------------------------------------------------------------- */
@@ -216,10 +220,12 @@ Test(kernels, tip_score_matches_references)
             const uint16_t *row = k + (size_t)i * n_dom;
             const float s = fasa_tip_score(q, row, n_dom);
             double want = 0, mag = 0;
-            for (int j = 0; j < n_dom; j++) want += (double)q[j] * kf[i * n_dom + j], mag += fabs((double)q[j] * kf[i * n_dom + j]);
+            for (int j = 0; j < n_dom; j++)
+                want += (double)q[j] * kf[i * n_dom + j], mag += fabs((double)q[j] * kf[i * n_dom + j]);
             const double bound = n_dom * 0x1p-24 * mag;
             cr_assert_leq(fabs(s - want), bound, "2F=%d token %d: %.9g vs %.9g", n_dom, i, s, want);
-            cr_assert_leq(fabs((double)s - s_ops[i]), 2 * bound, "2F=%d token %d: %.9g vs ops %.9g", n_dom, i, s, s_ops[i]);
+            cr_assert_leq(fabs((double)s - s_ops[i]), 2 * bound, "2F=%d token %d: %.9g vs ops %.9g", n_dom, i, s,
+                          s_ops[i]);
             /* the kernels' word-at-a-time order is the same computation */
             float w = 0;
             for (int c = 0; c < n_dom / 2; c++) {
@@ -275,11 +281,12 @@ static void att_twin(float *out, const float *q, const uint16_t *kdom, const uin
         for (int c = 0; c < d; c++) part[s][c] = 0;
         for (int j = lo; j < hi; j++) {
             const int row = idx ? idx[j] : j, rrow = idx ? fasa_gather_row(idx, j, compact) : j;
-            const float sc = fasa_full_score(q, kdom + (size_t)row * n_dom, n_rest ? krest + (size_t)rrow * n_rest : NULL,
-                                             n_dom, d, scale);
+            const float sc = fasa_full_score(q, kdom + (size_t)row * n_dom,
+                                             n_rest ? krest + (size_t)rrow * n_rest : NULL, n_dom, d, scale);
             float alpha, p;
             fasa_softmax_push(&st[s], sc, &alpha, &p);
-            for (int c = 0; c < d; c++) part[s][c] = fasa_acc_push(part[s][c], alpha, p, fasa_f16_to_f32(v[(size_t)rrow * d + c]));
+            for (int c = 0; c < d; c++)
+                part[s][c] = fasa_acc_push(part[s][c], alpha, p, fasa_f16_to_f32(v[(size_t)rrow * d + c]));
         }
     }
     for (int c = 0; c < d; c++) {
@@ -489,7 +496,8 @@ Test(kernels, fac_and_dense_twins_match_cpu_attention)
         cr_assert_leq(e2, sum_tol(256), "fac 2F=%d: %.3g from double", n_dom, e2);
         uint16_t *srest = malloc(sizeof(uint16_t) * 256 * (d - n_dom) + 2), *sv = malloc(sizeof(uint16_t) * 256 * d);
         for (int j = 0; j < 256; j++) {
-            memcpy(srest + fasa_stage_row(0, j, 256, d - n_dom), h.krest + (size_t)idx[j] * (d - n_dom), sizeof(uint16_t) * (d - n_dom));
+            memcpy(srest + fasa_stage_row(0, j, 256, d - n_dom), h.krest + (size_t)idx[j] * (d - n_dom),
+                   sizeof(uint16_t) * (d - n_dom));
             memcpy(sv + fasa_stage_row(0, j, 256, d), h.v + (size_t)idx[j] * d, sizeof(uint16_t) * d);
         }
         float outc[64];
@@ -574,7 +582,8 @@ Test(kernels, topn_radix_select_equals_lib_topk)
                 const int kr = topk_indices(s, t, ns[ni], b, scratch);
                 cr_assert_eq(k, kr, "t=%d n=%d", t, ns[ni]);
                 for (int j = 0; j < k; j++)
-                    cr_assert_eq(a[j], b[j], "t=%d n=%d kind %d: [%d] %d vs lib/topk %d", t, ns[ni], kind, j, a[j], b[j]);
+                    cr_assert_eq(a[j], b[j], "t=%d n=%d kind %d: [%d] %d vs lib/topk %d", t, ns[ni], kind, j, a[j],
+                                 b[j]);
                 if (passes > max_passes) max_passes = passes;
             }
         }
@@ -766,7 +775,8 @@ Test(kernels, gpu_tip)
     gpu_get(cu, s, d_s, sizeof(float) * G_NH * G_T);
     for (int h = 0; h < G_NH; h++)
         for (int i = 0; i < G_T; i++)
-            want[h * G_T + i] = fasa_tip_score(qdom + h * G_DOM, L.kv[h / (G_NH / G_NKV)].kdom + (size_t)i * G_DOM, G_DOM);
+            want[h * G_T + i] =
+                fasa_tip_score(qdom + h * G_DOM, L.kv[h / (G_NH / G_NKV)].kdom + (size_t)i * G_DOM, G_DOM);
     expect_close(s, want, G_NH * G_T, 1e-6, "tip");
     free(s), free(want);
     fasa_cuda_free(cu, d_k), fasa_cuda_free(cu, d_q), fasa_cuda_free(cu, d_s);
@@ -879,7 +889,8 @@ Test(kernels, gpu_fetch)
     for (size_t i = 0; i < (size_t)n_layer * G_NKV * G_CTX * n_rest; i++) cold.rest[i] = (uint16_t)rng_next(&r);
     for (size_t i = 0; i < (size_t)n_layer * G_NKV * G_CTX * G_D; i++) cold.v[i] = (uint16_t)rng_next(&r);
     int32_t idx[G_NH * 200];
-    uint16_t *want_r = malloc(sizeof(uint16_t) * G_NH * n * n_rest), *want_v = malloc(sizeof(uint16_t) * G_NH * n * G_D);
+    uint16_t *want_r = malloc(sizeof(uint16_t) * G_NH * n * n_rest),
+             *want_v = malloc(sizeof(uint16_t) * G_NH * n * G_D);
     uint16_t *got_r = malloc(sizeof(uint16_t) * G_NH * n * n_rest), *got_v = malloc(sizeof(uint16_t) * G_NH * n * G_D);
     void *d_i = gpu_put(cu, NULL, sizeof idx);
     for (int layer = 0; layer < n_layer; layer++) {
@@ -887,8 +898,8 @@ Test(kernels, gpu_fetch)
         for (int h = 0; h < G_NH; h++)
             for (int j = 0; j < n; j++) {
                 const int g = h / (G_NH / G_NKV), tok = idx[h * n + j];
-                memcpy(want_r + fasa_stage_row(h, j, n, n_rest), cold.rest + fasa_cold_row(layer, g, tok, G_NKV, G_CTX, n_rest),
-                       sizeof(uint16_t) * n_rest);
+                memcpy(want_r + fasa_stage_row(h, j, n, n_rest),
+                       cold.rest + fasa_cold_row(layer, g, tok, G_NKV, G_CTX, n_rest), sizeof(uint16_t) * n_rest);
                 memcpy(want_v + fasa_stage_row(h, j, n, G_D), cold.v + fasa_cold_row(layer, g, tok, G_NKV, G_CTX, G_D),
                        sizeof(uint16_t) * G_D);
             }
@@ -902,14 +913,18 @@ Test(kernels, gpu_fetch)
             }
             gpu_get(cu, got_r, st.rest[layer & 1], sizeof(uint16_t) * G_NH * n * n_rest);
             gpu_get(cu, got_v, st.v[layer & 1], sizeof(uint16_t) * G_NH * n * G_D);
-            cr_assert(!memcmp(got_r, want_r, sizeof(uint16_t) * G_NH * n * n_rest), "layer %d mode %d: key rows", layer, mode);
-            cr_assert(!memcmp(got_v, want_v, sizeof(uint16_t) * G_NH * n * G_D), "layer %d mode %d: value rows", layer, mode);
+            cr_assert(!memcmp(got_r, want_r, sizeof(uint16_t) * G_NH * n * n_rest), "layer %d mode %d: key rows", layer,
+                      mode);
+            cr_assert(!memcmp(got_v, want_v, sizeof(uint16_t) * G_NH * n * G_D), "layer %d mode %d: value rows", layer,
+                      mode);
             cr_assert_eq(fasa_cuda_fetch_release(cu, &st, layer, err), 0, "%s", err);
             /* clear the slot, so the other mode has to fill it again */
             memset(got_r, 0, sizeof(uint16_t) * G_NH * n * n_rest);
             memset(got_v, 0, sizeof(uint16_t) * G_NH * n * G_D);
-            cr_assert_eq(fasa_cuda_upload(cu, st.rest[layer & 1], got_r, sizeof(uint16_t) * G_NH * n * n_rest, err), 0, "%s", err);
-            cr_assert_eq(fasa_cuda_upload(cu, st.v[layer & 1], got_v, sizeof(uint16_t) * G_NH * n * G_D, err), 0, "%s", err);
+            cr_assert_eq(fasa_cuda_upload(cu, st.rest[layer & 1], got_r, sizeof(uint16_t) * G_NH * n * n_rest, err), 0,
+                         "%s", err);
+            cr_assert_eq(fasa_cuda_upload(cu, st.v[layer & 1], got_v, sizeof(uint16_t) * G_NH * n * G_D, err), 0, "%s",
+                         err);
         }
     }
     free(want_r), free(want_v), free(got_r), free(got_v);

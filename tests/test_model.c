@@ -202,7 +202,10 @@ Test(model, bad_inputs_give_one_clear_line)
     cr_assert_eq(system(cmd), 0);
     expect_open_fails(dir, "missing tensor 'model.layers.2.self_attn.q_proj.weight'");
     /* config.json's dims disagree with the tensors */
-    snprintf(cmd, sizeof cmd, "sed -i 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 2/; s/\"num_key_value_heads\": 2/\"num_key_value_heads\": 4/' %s/config.json", dir);
+    snprintf(cmd, sizeof cmd,
+             "sed -i 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 2/; s/\"num_key_value_heads\": "
+             "2/\"num_key_value_heads\": 4/' %s/config.json",
+             dir);
     cr_assert_eq(system(cmd), 0);
     expect_open_fails(dir, "k_proj.weight' is 32 x 64 but the config implies 64 x 64");
     /* not JSON */

@@ -68,7 +68,8 @@ static void check_matmul(uint32_t type)
     ops_matmul(y, &wt, x, n);
     ops_matmul_ref(yr, &wt, x, n);
     for (int i = 0; i < n * rows; i++)
-        cr_expect(fabsf(y[i] - yr[i]) <= 1e-4f * (1 + fabsf(yr[i])) + x_round_bound(&wt, i % rows, x + i / rows * cols, n),
+        cr_expect(fabsf(y[i] - yr[i]) <=
+                      1e-4f * (1 + fabsf(yr[i])) + x_round_bound(&wt, i % rows, x + i / rows * cols, n),
                   "%s [%d]: %g vs %g", gguf_type_name(type), i, y[i], yr[i]);
     /* n = 1 (decode) gives the same rows as the batch, within the rounding of x */
     ops_matmul(y1, &wt, x + 2 * cols, 1);
@@ -173,8 +174,10 @@ static void check_matmul_shapes(uint32_t type)
                     expect_matmul_close(&wt, x, n, y, yr, what);
                     /* and bit for bit the same whatever the thread count */
                     if (threads == 1) memcpy(y1, y, sizeof(float) * n * rows);
-                    else cr_expect_eq(memcmp(y, y1, sizeof(float) * n * rows), 0, "%s %dx%d n=%d: %d threads differ from 1",
-                                      gguf_type_name(type), rows, cols, n, threads);
+                    else
+                        cr_expect_eq(memcmp(y, y1, sizeof(float) * n * rows), 0,
+                                     "%s %dx%d n=%d: %d threads differ from 1", gguf_type_name(type), rows, cols, n,
+                                     threads);
                 }
                 free(x); free(y); free(yr); free(y1);
             }
@@ -203,10 +206,12 @@ Test(ops, matmul_decode_x_range)
         expect_matmul_close(&wt, x, 1, y, yr, "wide x");
         x[100] = INFINITY;
         ops_matmul(y, &wt, x, 1);
-        for (int i = 0; i < rows; i++) cr_expect(!isfinite(y[i]), "%s: inf in x, row %d = %g", gguf_type_name(wt.type), i, y[i]);
+        for (int i = 0; i < rows; i++)
+            cr_expect(!isfinite(y[i]), "%s: inf in x, row %d = %g", gguf_type_name(wt.type), i, y[i]);
         x[100] = NAN;
         ops_matmul(y, &wt, x, 1);
-        for (int i = 0; i < rows; i++) cr_expect(isnan(y[i]), "%s: NaN in x, row %d = %g", gguf_type_name(wt.type), i, y[i]);
+        for (int i = 0; i < rows; i++)
+            cr_expect(isnan(y[i]), "%s: NaN in x, row %d = %g", gguf_type_name(wt.type), i, y[i]);
         free(q);
     }
 }
@@ -302,7 +307,8 @@ Test(ops, attn_scores_accum)
                 for (int c = 0; c < d; c++) mag += fabs(q[c] * K[(size_t)idx[j] * d + c]);
                 cr_expect(fabs(s[j] - sr[j]) <= 1e-6 * scale * mag + 1e-30, "scores_idx d=%d n=%d [%d]: %.9g vs %.9g",
                           d, t, j, s[j], sr[j]);
-                cr_expect(fabs(sr[j] - scale * ops_dot_ref(q, K + (size_t)idx[j] * d, d)) <= 1e-6 * scale * mag + 1e-30);
+                cr_expect(fabs(sr[j] - scale * ops_dot_ref(q, K + (size_t)idx[j] * d, d)) <=
+                          1e-6 * scale * mag + 1e-30);
             }
             for (int i = 0; i < t; i++) s[i] = fabsf(frand(&r));
             ops_attn_accum_idx(out, s, V, idx, t, d);
@@ -323,9 +329,9 @@ Test(ops, attn_scores_accum)
  * causal lengths (weights beyond a query's length must not be read: they are NaN here). */
 Test(ops, attn_multi)
 {
-    const int nq_list[] = { 1, 2, 3, 4, 5, 7, 9, 12 };
-    const int t_list[] = { 1, 3, 4, 5, 9, 64, 130 };
-    const int d_list[] = { 64, 24, 16, 32, 13 };
+    const int nq_list[] = { 1, 2, 3, 4, 5, 6, 7, 9, 12 };
+    const int t_list[] = { 1, 3, 4, 5, 9, 64, 130, 300 };
+    const int d_list[] = { 64, 128, 24, 16, 32, 13 };
     for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
         for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list; qi++)
             for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
@@ -395,7 +401,7 @@ Test(ops, attn_f16_match_scalar)
 {
     const int d_list[] = { 64, 24, 128, 8, 16, 32, 13 };
     const int t_list[] = { 0, 1, 4, 7, 9, 100, 1000 };
-    const int nq_list[] = { 1, 3, 4, 5 };
+    const int nq_list[] = { 1, 3, 4, 5, 6 };
     for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
         for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++) {
             const int d = d_list[di], t = t_list[ti], ldq = d + 3, ldo = d + 5;
@@ -404,12 +410,13 @@ Test(ops, attn_f16_match_scalar)
             for (int i = 0; i < t * d; i++) Kf[i] = frand(&r) * 3, Vf[i] = frand(&r);
             uint16_t *K = to_f16(Kf, t * d), *V = to_f16(Vf, t * d);
             float *Kw = widen(K, t * d), *Vw = widen(V, t * d);
-            float *Q = malloc(sizeof(float) * 5 * ldq), *S = malloc(sizeof(float) * (5 * (t + 2) + 1));
-            float *Sr = malloc(sizeof(float) * (5 * (t + 2) + 1)), *Sw = malloc(sizeof(float) * (5 * t + 1));
-            float *O = malloc(sizeof(float) * 5 * ldo), *Or = malloc(sizeof(float) * 5 * ldo), *Ow = malloc(sizeof(float) * 5 * ldo);
+            float *Q = malloc(sizeof(float) * 6 * ldq), *S = malloc(sizeof(float) * (6 * (t + 2) + 1));
+            float *Sr = malloc(sizeof(float) * (6 * (t + 2) + 1)), *Sw = malloc(sizeof(float) * (6 * t + 1));
+            float *O = malloc(sizeof(float) * 6 * ldo), *Or = malloc(sizeof(float) * 6 * ldo),
+                  *Ow = malloc(sizeof(float) * 6 * ldo);
             int32_t *idx = malloc(sizeof(int32_t) * (t + 1));
-            int len[5];
-            for (int i = 0; i < 5 * ldq; i++) Q[i] = frand(&r) * 2;
+            int len[6];
+            for (int i = 0; i < 6 * ldq; i++) Q[i] = frand(&r) * 2;
             for (int j = 0; j < t; j++) idx[j] = (int32_t)((j * 7 + 3) % t);
             const float scale = 1 / sqrtf((float)d);
             for (int gathered = 0; gathered < 2; gathered++) {
@@ -422,9 +429,10 @@ Test(ops, attn_f16_match_scalar)
                     const int row = ix ? ix[j] : j;
                     double mag = 0;
                     for (int c = 0; c < d; c++) mag += fabs(Q[c] * Kw[(size_t)row * d + c]);
-                    cr_expect(fabs(S[j] - Sr[j]) <= 1e-6 * scale * mag + 1e-30, "scores_f16 d=%d t=%d idx=%d [%d]: %.9g vs %.9g",
-                              d, t, gathered, j, S[j], Sr[j]);
-                    cr_expect_eq(Sr[j], Sw[j], "scores_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d, t, j);
+                    cr_expect(fabs(S[j] - Sr[j]) <= 1e-6 * scale * mag + 1e-30,
+                              "scores_f16 d=%d t=%d idx=%d [%d]: %.9g vs %.9g", d, t, gathered, j, S[j], Sr[j]);
+                    cr_expect_eq(Sr[j], Sw[j], "scores_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d,
+                                 t, j);
                 }
                 for (int j = 0; j < t; j++) S[j] = fabsf(frand(&r));
                 ops_attn_accum_f16(O, S, V, ix, t, d);
@@ -436,7 +444,8 @@ Test(ops, attn_f16_match_scalar)
                     for (int j = 0; j < t; j++) mag += fabs(S[j] * Vw[(size_t)(ix ? ix[j] : j) * d + c]);
                     cr_expect(fabs(O[c] - Or[c]) <= 1e-6 * mag + 1e-30, "accum_f16 d=%d t=%d idx=%d [%d]: %.9g vs %.9g",
                               d, t, gathered, c, O[c], Or[c]);
-                    cr_expect_eq(Or[c], Ow[c], "accum_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d, t, c);
+                    cr_expect_eq(Or[c], Ow[c], "accum_f16_ref d=%d t=%d [%d] is not the f32 twin on widened rows", d, t,
+                                 c);
                 }
             }
             for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list && t > 0; qi++) {
@@ -468,7 +477,8 @@ Test(ops, attn_f16_match_scalar)
                         double mag = 0;
                         for (int j = 0; j < len[i]; j++) mag += fabs(S[i * t + j] * Vw[(size_t)j * d + c]);
                         cr_expect(fabs(O[i * ldo + c] - Or[i * ldo + c]) <= 1e-6 * mag + 1e-30,
-                                  "accum_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, c, O[i * ldo + c], Or[i * ldo + c]);
+                                  "accum_multi_f16 d=%d nq=%d t=%d [%d][%d]: %.9g vs %.9g", d, nq, t, i, c,
+                                  O[i * ldo + c], Or[i * ldo + c]);
                     }
             }
             free(Kf); free(Vf); free(K); free(V); free(Kw); free(Vw); free(Q); free(S); free(Sr); free(Sw);
@@ -557,8 +567,8 @@ Test(ops, softmax_swiglu_match_scalar)
             ops_swiglu(a, b, n);
             ops_swiglu_ref(ar, b, n);
             for (int i = 0; i < n; i++)
-                cr_expect(fabsf(a[i] - ar[i]) <= 1e-6f * fabsf(ar[i]) + 1e-35f, "swiglu n=%d spread=%d [%d]: %.9g vs %.9g",
-                          n, spread, i, a[i], ar[i]);
+                cr_expect(fabsf(a[i] - ar[i]) <= 1e-6f * fabsf(ar[i]) + 1e-35f,
+                          "swiglu n=%d spread=%d [%d]: %.9g vs %.9g", n, spread, i, a[i], ar[i]);
         }
     }
     /* a masked score (-inf) gets probability 0 */

@@ -79,7 +79,8 @@ static void deq_block(uint32_t type, const uint8_t *b, float *y, float *mag)
         const int q5 = type == GGUF_TYPE_Q5_0 || type == GGUF_TYPE_Q5_1;
         const float d = h2f(b), m = has_m ? h2f(b + 2) : 0;
         const uint8_t *qh = b + 2 + 2 * has_m, *qs = qh + (q5 ? 4 : 0);
-        const uint32_t h = q5 ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24 : 0;
+        const uint32_t h =
+            q5 ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24 : 0;
         for (int j = 0; j < 32; j++) {
             int q = (j < 16 ? qs[j] : qs[j - 16] >> 4) & 15;
             if (q5) q |= (int)(h >> j & 1) << 4;
@@ -265,7 +266,8 @@ Test(quant, weight_row_matches)
             int bad = 0;
             for (int k = 0; k < cols; k++)
                 if (!(fabsf(row[k] - q.f[r * cols + k]) <= 1e-6f * q.mag[r * cols + k]) && bad++ < 3)
-                    cr_expect(0, "%s [%d][%d]: %g vs %g", quant_kernels_of(TYPES[ti])->name, r, k, row[k], q.f[r * cols + k]);
+                    cr_expect(0, "%s [%d][%d]: %g vs %g", quant_kernels_of(TYPES[ti])->name, r, k, row[k],
+                              q.f[r * cols + k]);
         }
         qweight_free(&q);
     }
@@ -290,7 +292,8 @@ Test(quant, x_rounding_matches_twin)
     quant_xq8(&z, x, cols, n, b2, 1);
     cr_expect_eq(memcmp(a.q, z.q, cols * n), 0, "xq8: q differs");
     for (int64_t i = 0; i < cols * n / 256; i++)
-        cr_expect(a.d[i] == z.d[i] || (isnan(a.d[i]) && isnan(z.d[i])), "xq8: d[%lld] %g vs %g", (long long)i, a.d[i], z.d[i]);
+        cr_expect(a.d[i] == z.d[i] || (isnan(a.d[i]) && isnan(z.d[i])), "xq8: d[%lld] %g vs %g", (long long)i, a.d[i],
+                  z.d[i]);
     cr_expect(isnan(a.d[(cols + 300) / 256]) && isnan(a.d[(2 * cols + 700) / 256]), "non-finite blocks have NaN steps");
     cr_expect_eq(a.d[1], 0.0f);
     for (int64_t i = 0; i < cols * n / 16; i++) {
@@ -303,8 +306,8 @@ Test(quant, x_rounding_matches_twin)
     for (int64_t i = 0; i < cols * n; i++) {
         cr_expect(abs(a.q[i]) <= 127);
         if (isfinite(a.d[i / 256]) && a.d[i / 256] > 0)
-            cr_expect(fabs(x[i] - a.d[i / 256] * a.q[i]) <= a.d[i / 256] * (0.5 + 1e-5), "xq8: x[%lld] = %g, %d steps of %g",
-                      (long long)i, x[i], a.q[i], a.d[i / 256]);
+            cr_expect(fabs(x[i] - a.d[i / 256] * a.q[i]) <= a.d[i / 256] * (0.5 + 1e-5),
+                      "xq8: x[%lld] = %g, %d steps of %g", (long long)i, x[i], a.q[i], a.d[i / 256]);
     }
     if (a.qp) /* the nibble order of Q4_K/Q5_K: per 128, [0, 32) [64, 96) [32, 64) [96, 128) */
         for (int64_t i = 0; i < cols * n; i++) {
@@ -323,8 +326,8 @@ Test(quant, x_rounding_matches_twin)
             cr_expect(u.sx[i] == v.sx[i] || (isnan(u.sx[i]) && isnan(v.sx[i])), "xq16: sx[%lld]", (long long)i);
             double m = 0;
             for (int k = 0; k < 32; k++) m += fabs(x[t * cols + 32 * i + k]);
-            cr_expect(fabs(u.xs[i] - v.xs[i]) <= 1e-6 * m || (!isfinite(u.xs[i]) && !isfinite(v.xs[i])), "xq16: xs[%lld]",
-                      (long long)i);
+            cr_expect(fabs(u.xs[i] - v.xs[i]) <= 1e-6 * m || (!isfinite(u.xs[i]) && !isfinite(v.xs[i])),
+                      "xq16: xs[%lld]", (long long)i);
         }
     }
     free(h1); free(h2); free(x);
@@ -367,12 +370,14 @@ Test(quant, kernels_match_twins)
                         for (int t = 0; t < QUANT_TILE_T; t++)
                             for (int i = 0; i < 4; i++) {
                                 if (t >= T || i >= nr) {
-                                    cr_expect(isnan(y[4 * t + i]), "%s T=%d nr=%d: y[%d][%d] written", k->name, T, nr, t, i);
+                                    cr_expect(isnan(y[4 * t + i]), "%s T=%d nr=%d: y[%d][%d] written", k->name, T, nr,
+                                              t, i);
                                     continue;
                                 }
                                 const double tol = y_bound(&q, zero, i, x + t * cols);
-                                cr_expect(fabs(y[4 * t + i] - yr[t][i]) <= tol, "%s cols=%lld T=%d nr=%d [%d][%d]: %.9g vs twin %.9g",
-                                          k->name, (long long)cols, T, nr, t, i, y[4 * t + i], yr[t][i]);
+                                cr_expect(fabs(y[4 * t + i] - yr[t][i]) <= tol,
+                                          "%s cols=%lld T=%d nr=%d [%d][%d]: %.9g vs twin %.9g", k->name,
+                                          (long long)cols, T, nr, t, i, y[4 * t + i], yr[t][i]);
                             }
                     }
             } else {
@@ -441,19 +446,23 @@ static void check_type(uint32_t type)
                 free(st); free(tight);
             }
             if (threads == 1) memcpy(y1, y, sizeof(float) * n * rows);
-            else cr_expect_eq(memcmp(y, y1, sizeof(float) * n * rows), 0, "%s n=%d: %d threads differ from 1", k->name, n, threads);
+            else
+                cr_expect_eq(memcmp(y, y1, sizeof(float) * n * rows), 0, "%s n=%d: %d threads differ from 1", k->name,
+                             n, threads);
         }
         /* the K types round x the same way in decode and prefill: token t of a batch is bit for
          * bit its decode */
         if (k->xf == QUANT_XF_Q8K && n > 1) {
             float yd[37];
             ops_matmul(yd, &q.w, x + (n - 1) * cols, 1);
-            cr_expect_eq(memcmp(yd, y + (n - 1) * rows, sizeof yd), 0, "%s n=%d: last token differs from its decode", k->name, n);
+            cr_expect_eq(memcmp(yd, y + (n - 1) * rows, sizeof yd), 0, "%s n=%d: last token differs from its decode",
+                         k->name, n);
         }
         free(x); free(y); free(y1);
     }
     if (k->xf == QUANT_XF_Q8K && k->tile)
-        cr_expect_gt(worst_tight, 1, "%s: the bound of x rounded to 8 more bits holds too (worst %.3g of it)", k->name, worst_tight);
+        cr_expect_gt(worst_tight, 1, "%s: the bound of x rounded to 8 more bits holds too (worst %.3g of it)", k->name,
+                     worst_tight);
     omp_set_num_threads(saved);
     ops_threads_adaptive(1);
     qweight_free(&q);
@@ -483,9 +492,13 @@ Test(quant, non_finite_x)
         x[512 + 10] = NAN;
         for (int n = 1; n <= 3; n += 2) {
             ops_matmul(y, &q.w, x, n);
-            for (int i = 0; i < 9; i++) cr_expect(!isfinite(y[i]), "%s n=%d: inf in x, row %d = %g", quant_kernels_of(TYPES[ti])->name, n, i, y[i]);
+            for (int i = 0; i < 9; i++)
+                cr_expect(!isfinite(y[i]), "%s n=%d: inf in x, row %d = %g", quant_kernels_of(TYPES[ti])->name, n, i,
+                          y[i]);
             if (n == 3)
-                for (int i = 0; i < 9; i++) cr_expect(isnan(y[9 + i]), "%s: NaN in x, row %d = %g", quant_kernels_of(TYPES[ti])->name, i, y[9 + i]);
+                for (int i = 0; i < 9; i++)
+                    cr_expect(isnan(y[9 + i]), "%s: NaN in x, row %d = %g", quant_kernels_of(TYPES[ti])->name, i,
+                              y[9 + i]);
         }
         qweight_free(&q);
     }

@@ -46,7 +46,8 @@ Test(ruler, every_task_deterministic_answers_present_on_target)
             cr_expect_str_neq(a.prompt, c.prompt, "%s: another seed gave the same prompt", a.task);
             /* on target: within 5% below (QA and cwe step by whole documents or words) */
             cr_expect(a.n_tokens <= L && a.n_tokens >= L * 0.93, "%s at %d: %d words", a.task, L, a.n_tokens);
-            cr_expect_eq(words(NULL, a.prompt, strlen(a.prompt)) + words(NULL, a.answer_prefix, strlen(a.answer_prefix)),
+            cr_expect_eq(words(NULL, a.prompt, strlen(a.prompt)) +
+                             words(NULL, a.answer_prefix, strlen(a.answer_prefix)),
                          a.n_tokens);
             cr_expect_gt(a.n_answers, 0);
             cr_expect_gt(a.max_new_tokens, 0);

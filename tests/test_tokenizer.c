@@ -307,7 +307,8 @@ Test(tokenizer, every_byte_round_trips)
     int n = tokenizer_encode(t, all, 128, 1, ids, 1024);
     cr_expect_eq(decode_all(t, ids, n, out, sizeof out), 128);
     cr_expect(!memcmp(out, all, 128));
-    const char *u = "na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80\xE2\x80\x8D! \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85";
+    const char *u =
+        "na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80\xE2\x80\x8D! \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85";
     n = enc(t, u, 1, ids, 1024);
     cr_expect_eq(decode_all(t, ids, n, out, sizeof out), strlen(u));
     cr_expect(!memcmp(out, u, strlen(u)));
@@ -501,15 +502,20 @@ Test(tokenizer, json_loads_strings_and_pairs, .init = tmp_setup, .fini = tmp_tea
 
 Test(tokenizer, json_families_and_config, .init = tmp_setup, .fini = tmp_teardown)
 {
-    static const struct { const char *pre; enum tokenizer_pre kind; } fam[] = {
+    static const struct { const char *pre; enum tokenizer_pre kind;
+    } fam[] = {
         { "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}", TOKENIZER_PRE_GPT2 },
         { "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
-          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
-          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "
+          "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_"
+          "regex\":false}]}",
           TOKENIZER_PRE_LLAMA3 },
         { "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
-          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
-          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]}",
+          "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| "
+          "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_"
+          "regex\":false}]}",
           TOKENIZER_PRE_QWEN2 },
     };
     for (size_t i = 0; i < sizeof fam / sizeof *fam; i++) {
@@ -559,14 +565,17 @@ Test(tokenizer, json_missing_bytes_and_unk, .init = tmp_setup, .fini = tmp_teard
 /* lstrip, rstrip and single_word added tokens; expected ids recorded from `tokenizers`. */
 Test(tokenizer, json_added_token_options, .init = tmp_setup, .fini = tmp_teardown)
 {
-    static const char j[] =
-        "{\"added_tokens\":["
-        "{\"id\":3,\"content\":\"<m>\",\"single_word\":false,\"lstrip\":true,\"rstrip\":false,\"normalized\":false,\"special\":true},"
-        "{\"id\":4,\"content\":\"[R]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":true,\"normalized\":false,\"special\":false},"
-        "{\"id\":5,\"content\":\"hi\",\"single_word\":true,\"lstrip\":false,\"rstrip\":false,\"normalized\":true,\"special\":false}],"
-        "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false},"
-        "\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{\"a\":0,\"x\":1,\"\u0120\":2,\"<m>\":3,\"[R]\":4,\"hi\":5,"
-        "\"o\":6,\"h\":7,\"i\":8,\"_\":9,\"!\":10}}}";
+    static const char j[] = "{\"added_tokens\":["
+                            "{\"id\":3,\"content\":\"<m>\",\"single_word\":false,\"lstrip\":true,\"rstrip\":false,"
+                            "\"normalized\":false,\"special\":true},"
+                            "{\"id\":4,\"content\":\"[R]\",\"single_word\":false,\"lstrip\":false,\"rstrip\":true,"
+                            "\"normalized\":false,\"special\":false},"
+                            "{\"id\":5,\"content\":\"hi\",\"single_word\":true,\"lstrip\":false,\"rstrip\":false,"
+                            "\"normalized\":true,\"special\":false}],"
+                            "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false},"
+                            "\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{\"a\":0,\"x\":1,\"\u0120\":2,\"<m>\":"
+                            "3,\"[R]\":4,\"hi\":5,"
+                            "\"o\":6,\"h\":7,\"i\":8,\"_\":9,\"!\":10}}}";
     char err[FASA_ERRLEN] = "";
     tokenizer *t = NULL;
     cr_assert_eq(tokenizer_load_json(&t, write_tmp("tokenizer.json", j), err), 0, "%s", err);
@@ -589,18 +598,21 @@ Test(tokenizer, json_errors, .init = tmp_setup, .fini = tmp_teardown)
     char *bad_merge4 = tiny_json(PRE_SMOLLM, "[\"a q\\u00ff\"]", "");
     char *bad_merges = tiny_json(PRE_SMOLLM, "{}", "");
     char *bad_pre = tiny_json("{\"type\":\"Whitespace\"}", "[]", "");
-    char *bad_split = tiny_json("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
-                                "{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
-                                "[]", "");
+    char *bad_split =
+        tiny_json("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+                  "{\"Regex\":\"\\\\w+\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\",\"use_regex\":false}]}",
+                  "[]", "");
     char *no_pre = tiny_json("null", "[]", "");
     char *wordpiece = tiny_json(PRE_SMOLLM, "[]", ",\"continuing_subword_prefix\":\"##\"");
     char *bad_unk = tiny_json(PRE_SMOLLM, "[]", ",\"unk_token\":\"<unk>\"");
-    static const struct { const char *file; const char *needle; } want[] = {
+    static const struct { const char *file; const char *needle;
+    } want[] = {
         { "truncated", "invalid JSON" },
         { "{\"added_tokens\":[]}", "no \"model\"" },
         { "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", "WordPiece" },
         { "{\"model\":{\"type\":\"BPE\",\"merges\":[]}}", "model.vocab" },
-        { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+        { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-3},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}"
+          "}",
           "not a valid id" },
         { "bad_merge1", "model.merges[1] is not a pair" },
         { "bad_merge2", "model.merges[1] is not a pair" },
@@ -1332,8 +1344,9 @@ Test(tokenizer, smollm2_golden)
     expect_ids(t, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", 0,
                IDS(44, 108, 306, 79, 3738, 108, 46, 4093, 198, 1780, 314, 216, 34, 27, 34, 15137, 108, 306,
                    79, 486, 108, 46, 198, 44, 108, 306, 79, 3738, 108, 46, 520, 9531, 198));
-    expect_ids(t, "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xF0\x9F\x98\x80", 1,
-               IDS(23274, 115, 40993, 179, 120, 248, 5470, 249, 46879, 16464, 32547, 40303, 218));
+    expect_ids(t,
+               "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xF0\x9F\x98\x80",
+               1, IDS(23274, 115, 40993, 179, 120, 248, 5470, 249, 46879, 16464, 32547, 40303, 218));
     expect_ids(t, "  leading spaces\tand\ttabs\n\n", 1, IDS(216, 2899, 5600, 197, 397, 197, 100, 7366, 1116));
     expect_ids(t, "def f(x):\n    return x ** 2", 1, IDS(1604, 275, 24, 104, 727, 472, 1003, 1792, 1903, 216, 34));
     expect_ids(t, "\xEF\xBF\xBD", 1, IDS(24211));

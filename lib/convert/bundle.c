@@ -197,7 +197,8 @@ int bundle_write(const char *path, const char *dir, const char *const *names, in
     }
     /* ARCHIVE_WARN: libarchive runs the external zstd program instead; output is the same. */
     if (zstd && archive_write_add_filter_zstd(a) < ARCHIVE_WARN) {
-        rc = fasa_error(err, FASA_EUNSUPPORTED, "cannot write '%s': no zstd support: %s", path, archive_error_string(a));
+        rc =
+            fasa_error(err, FASA_EUNSUPPORTED, "cannot write '%s': no zstd support: %s", path, archive_error_string(a));
         goto out;
     }
     if (archive_write_open_fd(a, out.fd) != ARCHIVE_OK) {
@@ -254,10 +255,14 @@ static int parse_manifest(const char *text, size_t len, member **out, int *n_out
         goto out;
     }
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > BUNDLE_MAX_MEMBERS) {
-        rc = fasa_error(err, FASA_EFORMAT, "'%s': manifest 'members' must list at most %d files", path, BUNDLE_MAX_MEMBERS);
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': manifest 'members' must list at most %d files", path,
+                        BUNDLE_MAX_MEMBERS);
         goto out;
     }
-    if (!(mb = calloc(cJSON_GetArraySize(arr) + 1, sizeof *mb))) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
+    if (!(mb = calloc(cJSON_GetArraySize(arr) + 1, sizeof *mb))) {
+        rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+        goto out;
+    }
     cJSON_ArrayForEach(e, arr) {
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
         const cJSON *sz = cJSON_GetObjectItemCaseSensitive(e, "size");
@@ -334,11 +339,18 @@ static int bundle_read(struct archive *a, const char *path, const char *outdir, 
 
     /* The manifest comes first. */
     r = archive_read_next_header(a, &e);
-    if (r == ARCHIVE_EOF) { rc = fasa_error(err, FASA_EFORMAT, "'%s': empty archive, no %s", path, BUNDLE_MANIFEST); goto out; }
-    if (r < ARCHIVE_WARN) { rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle: %s", path, arch_msg(a)); goto out; }
+    if (r == ARCHIVE_EOF) {
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': empty archive, no %s", path, BUNDLE_MANIFEST);
+        goto out;
+    }
+    if (r < ARCHIVE_WARN) {
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle: %s", path, arch_msg(a));
+        goto out;
+    }
     if (strcmp(archive_entry_pathname(e) ? archive_entry_pathname(e) : "", BUNDLE_MANIFEST) ||
         archive_entry_size(e) <= 0 || archive_entry_size(e) > MANIFEST_MAX) {
-        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle (the first member is not %s)", path, BUNDLE_MANIFEST);
+        rc = fasa_error(err, FASA_EFORMAT, "'%s': not a fasa bundle (the first member is not %s)", path,
+                        BUNDLE_MANIFEST);
         goto out;
     }
     size_t mlen = (size_t)archive_entry_size(e), got = 0;
@@ -357,7 +369,10 @@ static int bundle_read(struct archive *a, const char *path, const char *outdir, 
     for (;;) {
         r = archive_read_next_header(a, &e);
         if (r == ARCHIVE_EOF) break;
-        if (r < ARCHIVE_WARN) { rc = fasa_error(err, FASA_EFORMAT, "'%s': truncated or damaged: %s", path, arch_msg(a)); goto out; }
+        if (r < ARCHIVE_WARN) {
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': truncated or damaged: %s", path, arch_msg(a));
+            goto out;
+        }
         const char *name = archive_entry_pathname(e);
         if (!name || !name_ok(name)) {
             rc = fasa_error(err, FASA_EFORMAT, "'%s': member name '%.64s' is not allowed", path, name ? name : "");
@@ -365,7 +380,10 @@ static int bundle_read(struct archive *a, const char *path, const char *outdir, 
         }
         int i = 0;
         while (i < n && strcmp(mb[i].name, name)) i++;
-        if (i == n) { rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' is not in the manifest", path, name); goto out; }
+        if (i == n) {
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' is not in the manifest", path, name);
+            goto out;
+        }
         if (mb[i].seen) { rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' appears twice", path, name); goto out; }
         if (archive_entry_filetype(e) != AE_IFREG) {
             rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' is not a regular file", path, name);
@@ -383,7 +401,8 @@ static int bundle_read(struct archive *a, const char *path, const char *outdir, 
         mb[i].seen = 1 + (outdir != NULL);   /* 2: a file to remove if a later member fails */
         uint64_t size, hash;
         rc = entry_read(a, fd, buf, &size, &hash, path, name, outdir ? outp : "", err);
-        if (fd >= 0 && close(fd) != 0 && rc == 0) rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", outp, strerror(errno));
+        if (fd >= 0 && close(fd) != 0 && rc == 0)
+            rc = fasa_error(err, FASA_EIO, "cannot write '%s': %s", outp, strerror(errno));
         if (rc < 0) goto out;
         if (size != mb[i].size) {
             rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' has %" PRIu64 " bytes, the manifest says %" PRIu64,
@@ -391,14 +410,17 @@ static int bundle_read(struct archive *a, const char *path, const char *outdir, 
             goto out;
         }
         if (hash != mb[i].hash) {
-            rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' is corrupt (xxh64 %016" PRIx64 ", the manifest says %016" PRIx64 ")",
+            rc = fasa_error(err, FASA_EFORMAT,
+                            "'%s': member '%s' is corrupt (xxh64 %016" PRIx64 ", the manifest says %016" PRIx64 ")",
                             path, name, hash, mb[i].hash);
             goto out;
         }
     }
     for (int i = 0; i < n; i++)
         if (!mb[i].seen) {
-            rc = fasa_error(err, FASA_EFORMAT, "'%s': member '%s' listed in the manifest is missing (truncated bundle?)", path, mb[i].name);
+            rc =
+                fasa_error(err, FASA_EFORMAT, "'%s': member '%s' listed in the manifest is missing (truncated bundle?)",
+                           path, mb[i].name);
             goto out;
         }
 out:
@@ -464,7 +486,9 @@ int bundle_extract_temp(const char *path, char *dir, size_t cap, char *err)
     if (!base || !*base) base = "/tmp";
     if ((size_t)snprintf(dir, cap, "%s/fasa-bundle-XXXXXX", base) >= cap)
         return fasa_error(err, FASA_EARG, "'%s': temporary directory name too long", path);
-    if (!mkdtemp(dir)) return fasa_error(err, FASA_EIO, "cannot create a directory in '%s' to open '%s': %s", base, path, strerror(errno));
+    if (!mkdtemp(dir))
+        return fasa_error(err, FASA_EIO, "cannot create a directory in '%s' to open '%s': %s", base, path,
+                          strerror(errno));
     int rc = bundle_open(path, dir, err);
     if (rc < 0) rmdir(dir);
     return rc;

@@ -332,13 +332,17 @@ static int write_config(const model *m, const char *src_dir, int dtype, int reor
     set_item(o, "tie_word_embeddings", cJSON_CreateBool(c->tied_embeddings));
     if (c->arch != FASA_ARCH_QWEN2) set_item(o, "attention_bias", cJSON_CreateBool(c->qkv_bias));
     if (!cJSON_GetObjectItemCaseSensitive(o, "hidden_act")) cJSON_AddStringToObject(o, "hidden_act", "silu");
-    set_item(o, "torch_dtype", cJSON_CreateString(dtype == ST_F32 ? "float32" : dtype == ST_F16 ? "float16" : "bfloat16"));
+    set_item(o, "torch_dtype",
+             cJSON_CreateString(dtype == ST_F32   ? "float32"
+                                : dtype == ST_F16 ? "float16"
+                                                  : "bfloat16"));
     if (!src_dir && m->tok) {
         if (tokenizer_bos(m->tok) >= 0) set_item(o, "bos_token_id", cJSON_CreateNumber(tokenizer_bos(m->tok)));
         if (tokenizer_eos(m->tok) >= 0) set_item(o, "eos_token_id", cJSON_CreateNumber(tokenizer_eos(m->tok)));
     }
     /* Informational: a converted model's q/k rows only make sense with fasa's RoPE tables. */
-    if (reordered) set_item(o, "fasa_rope_layout", cJSON_CreateString("permuted: see fasa.chunk_order in model.safetensors"));
+    if (reordered)
+        set_item(o, "fasa_rope_layout", cJSON_CreateString("permuted: see fasa.chunk_order in model.safetensors"));
     else cJSON_DeleteItemFromObjectCaseSensitive(o, "fasa_rope_layout");
     int rc = write_json(dir, "config.json", o, 1, err);
     cJSON_Delete(o);
@@ -403,7 +407,8 @@ static const char *cstr(gguf_str s, char **buf, size_t *cap)
 int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
 {
     const gguf_file *g = m->file;
-    if (m->source != MODEL_SOURCE_GGUF || !m->tok) return fasa_error(err, FASA_EARG, "'%s': no GGUF tokenizer", m->path);
+    if (m->source != MODEL_SOURCE_GGUF || !m->tok)
+        return fasa_error(err, FASA_EARG, "'%s': no GGUF tokenizer", m->path);
     const gguf_kv *kt = gguf_find_kv(g, "tokenizer.ggml.tokens");
     const gguf_kv *km = gguf_find_kv(g, "tokenizer.ggml.merges");
     const gguf_kv *ky = gguf_find_kv(g, "tokenizer.ggml.token_type");
@@ -442,7 +447,10 @@ int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
     cJSON *vocab = cJSON_AddObjectToObject(mo, "vocab"), *merges = cJSON_AddArrayToObject(mo, "merges");
     for (uint64_t i = 0; i < nv + nm; i++) {
         const char *s = cstr(ts[i], &buf, &cap);
-        if (!s) { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': tokenizer string %" PRIu64 " holds a NUL byte", m->path, i); goto out; }
+        if (!s) {
+            rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': tokenizer string %" PRIu64 " holds a NUL byte", m->path, i);
+            goto out;
+        }
         if (i >= nv) {
             cJSON_AddItemToArray(merges, cJSON_CreateString(s));
             continue;
@@ -594,7 +602,8 @@ static int write_all_files(const model *m, const convert_opts *o, const char *di
 
     if (o->reorder) {
         const profile *pr = o->prof;
-        if (!(order = malloc(sizeof *order * pr->n_layer * pr->n_kv_head * pr->n_chunk)) || !(order_json = chunk_order_json(pr))) {
+        if (!(order = malloc(sizeof *order * pr->n_layer * pr->n_kv_head * pr->n_chunk)) ||
+            !(order_json = chunk_order_json(pr))) {
             rc = fasa_error(err, FASA_ENOMEM, "out of memory");
             goto out;
         }
@@ -675,7 +684,8 @@ int convert_write(const model *m, const convert_opts *opts, const char *out, cha
     const convert_opts *o = &oo;
     oo.dtype = convert_dtype(m, opts);
     if (o->dtype != ST_F32 && o->dtype != ST_F16 && o->dtype != ST_BF16)
-        return fasa_error(err, FASA_EARG, "cannot convert to dtype %s: only F32, F16 and BF16", st_dtype_name((st_dtype)o->dtype));
+        return fasa_error(err, FASA_EARG, "cannot convert to dtype %s: only F32, F16 and BF16",
+                          st_dtype_name((st_dtype)o->dtype));
     if (o->reorder && !o->prof)
         return fasa_error(err, FASA_EARG, "reordering '%s' needs a profile (fasa calibrate)", m->path);
     if (o->prof) {

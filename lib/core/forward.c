@@ -99,8 +99,10 @@ static void qk_norm(const model *m, run_state *s, const layer_weights *L, int n)
 {
     const model_config *c = &m->cfg;
     const int dh = c->d_head;
-    for (int i = 0; i < n * c->n_head; i++) ops_rmsnorm(s->att_out + (size_t)i * dh, s->att_out + (size_t)i * dh, L->q_norm, dh, c->norm_eps);
-    for (int i = 0; i < n * c->n_kv_head; i++) ops_rmsnorm(s->k + (size_t)i * dh, s->k + (size_t)i * dh, L->k_norm, dh, c->norm_eps);
+    for (int i = 0; i < n * c->n_head; i++)
+        ops_rmsnorm(s->att_out + (size_t)i * dh, s->att_out + (size_t)i * dh, L->q_norm, dh, c->norm_eps);
+    for (int i = 0; i < n * c->n_kv_head; i++)
+        ops_rmsnorm(s->k + (size_t)i * dh, s->k + (size_t)i * dh, L->k_norm, dh, c->norm_eps);
 }
 
 /* Layer l's projections of the batch (q in s->att_out, file layout; k, v in s->k, s->v) rotated

@@ -64,7 +64,8 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
     const size_t es = kvcache_esz(kv);
     const int tw = o ? o->tip_width : 0;
     if (split < 0 || split >= d_head || split % 2)
-        return fasa_error(err, FASA_EARG, "the dominant key block must be an even width below %d dims, not %d", d_head, split);
+        return fasa_error(err, FASA_EARG, "the dominant key block must be an even width below %d dims, not %d", d_head,
+                          split);
     if (tw < 0 || tw % 8 || tw > d_head + 8 || (tw && (split || !o->tip_map)))
         return fasa_error(err, FASA_EARG, "a TIP copy needs whole key rows, a map and a width of 8k dims, not %d", tw);
     if (cold_dir && !split && !tw) return fasa_error(err, FASA_EARG, "a cold KV tier needs split keys or a TIP copy");
@@ -175,7 +176,8 @@ static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
     kv->tscale[lh * kv->n_tiles * 16 + i] = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, v);
     uint8_t *tile = kv->tq + (lh * kv->n_tiles + (size_t)i / 16) * (tw / 8) * 64 + 4 * (i % 16);
     for (int j = 0; j < tw / 8; j++)
-        for (int b = 0; b < 4; b++) tile[(size_t)j * 64 + b] = (uint8_t)((v[8 * j + b] + 8) | (v[8 * j + 4 + b] + 8) << 4);
+        for (int b = 0; b < 4; b++)
+            tile[(size_t)j * 64 + b] = (uint8_t)((v[8 * j + b] + 8) | (v[8 * j + 4 + b] + 8) << 4);
 }
 
 void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, const float *Q, int nq, int ldq, float *S,
@@ -199,7 +201,8 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
         }
         ops_tip_q4(edge, 16, qi, tw, qsum, qscale, nq, tq + t * tile, ks + 16 * t, 1, tw);
         const int r0 = a > t * 16 ? a - t * 16 : 0, r1 = b < t * 16 + 16 ? b - t * 16 : 16;
-        for (int h = 0; h < nq; h++) memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
+        for (int h = 0; h < nq; h++)
+            memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
         t++;
     }
 }
@@ -272,7 +275,8 @@ void kvcache_copy_row(kvcache *kv, int from, int to)
     for (size_t lh = 0; lh < (size_t)kv->n_layer * kv->n_kv_head; lh++) {
         uint8_t *tq = kv->tq + lh * kv->n_tiles * tile;
         for (size_t j = 0; j < tile / 64; j++)
-            memcpy(tq + (to / 16) * tile + j * 64 + 4 * (to % 16), tq + (from / 16) * tile + j * 64 + 4 * (from % 16), 4);
+            memcpy(tq + (to / 16) * tile + j * 64 + 4 * (to % 16), tq + (from / 16) * tile + j * 64 + 4 * (from % 16),
+                   4);
         kv->tscale[lh * kv->n_tiles * 16 + to] = kv->tscale[lh * kv->n_tiles * 16 + from];
     }
 }

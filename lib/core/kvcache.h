@@ -86,9 +86,18 @@ static inline void *kvcache_rows(const kvcache *kv, enum kv_part p, int layer, i
     return (char *)base + ((size_t)layer * kv->n_kv_head + head) * kv->n_ctx * kvcache_width(kv, p) * kvcache_esz(kv);
 }
 /* f32 caches only */
-static inline float *kvcache_k(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_KEYS, layer, head); }
-static inline float *kvcache_kr(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_REST, layer, head); }
-static inline float *kvcache_v(const kvcache *kv, int layer, int head) { return kvcache_rows(kv, KV_VALUES, layer, head); }
+static inline float *kvcache_k(const kvcache *kv, int layer, int head)
+{
+    return kvcache_rows(kv, KV_KEYS, layer, head);
+}
+static inline float *kvcache_kr(const kvcache *kv, int layer, int head)
+{
+    return kvcache_rows(kv, KV_REST, layer, head);
+}
+static inline float *kvcache_v(const kvcache *kv, int layer, int head)
+{
+    return kvcache_rows(kv, KV_VALUES, layer, head);
+}
 
 /* Attention reads, in the cache's type. Rows are idx[0..n) when idx is given (then nq == 1),
  * else row0..row0+n-1.

@@ -258,7 +258,8 @@ static int config_from_gguf(model *m, char *err)
          * the others local over the sliding window with base 10000; queries scaled by
          * 1/sqrt(head dim), or 1/sqrt(d_model / n_head) for the 62-layer 27B */
         if (!c->sliding_window)
-            return fasa_error(err, FASA_EFORMAT, "'%s': a gemma3 file needs 'gemma3.attention.sliding_window'", m->path);
+            return fasa_error(err, FASA_EFORMAT, "'%s': a gemma3 file needs 'gemma3.attention.sliding_window'",
+                              m->path);
         c->swa_period = 6;
         c->rope_theta_local = 10000.0f;
         c->attn_scale = 1.0f / sqrtf((float)(c->n_layer == 62 ? c->d_model / c->n_head : c->d_head));
@@ -302,7 +303,10 @@ int model_config_parse(model_config *c, const char *json, size_t len, const char
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     const int arch = fasa_arch_parse(type);
-    if (arch < 0) { rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type); goto out; }
+    if (arch < 0) {
+        rc = fasa_error(err, FASA_EUNSUPPORTED, "'%s': unsupported model_type '%s'", path, type);
+        goto out;
+    }
     c->arch = arch;
     c->qkv_bias = arch == FASA_ARCH_QWEN2;
     c->qk_norm = arch == FASA_ARCH_QWEN3 || arch == FASA_ARCH_GEMMA3;
@@ -552,7 +556,8 @@ int model_parse_chunk_order(const char *json, const model_config *c, int16_t *or
     for (int l = 0; l < c->n_layer; l++) {
         const cJSON *la = cJSON_GetArrayItem(j, l);
         if (!cJSON_IsArray(la) || cJSON_GetArraySize(la) != c->n_kv_head) {
-            rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order layer %d must list %d KV heads", where, l, c->n_kv_head);
+            rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order layer %d must list %d KV heads", where, l,
+                            c->n_kv_head);
             goto out;
         }
         for (int g = 0; g < c->n_kv_head; g++) {
@@ -567,8 +572,9 @@ int model_parse_chunk_order(const char *json, const model_config *c, int16_t *or
             }
             continue;
         bad:
-            rc = fasa_error(err, FASA_EFORMAT, "'%s': fasa.chunk_order layer %d KV head %d is not a permutation of %d chunks",
-                            where, l, g, half);
+            rc = fasa_error(err, FASA_EFORMAT,
+                            "'%s': fasa.chunk_order layer %d KV head %d is not a permutation of %d chunks", where, l, g,
+                            half);
             goto out;
         }
     }

@@ -287,16 +287,19 @@ scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K,
             for (int r = 0; r < 8; r++) {
                 a[r] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kb + r * d));
 #pragma GCC unroll 4
-                for (int c = 8; c < d; c += 8) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kb + r * d + c), a[r]);
+                for (int c = 8; c < d; c += 8)
+                    a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kb + r * d + c), a[r]);
             }
-            _mm256_storeu_ps(S + (size_t)i * lds + j, _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
+            _mm256_storeu_ps(S + (size_t)i * lds + j,
+                             _mm256_mul_ps(vs, hsum8x256(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])));
         }
     }
     for (; j < t; j++)
         for (int i = 0; i < nq; i++) {
             const void *k = kv_row(K, NULL, j, d, h16);
             __m256 a = _mm256_mul_ps(_mm256_loadu_ps(Q + (size_t)i * ldq), KV_LOAD8(k, 0, h16));
-            for (int c = 8; c < d; c += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + (size_t)i * ldq + c), KV_LOAD8(k, c, h16), a);
+            for (int c = 8; c < d; c += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(Q + (size_t)i * ldq + c), KV_LOAD8(k, c, h16), a);
             S[(size_t)i * lds + j] = scale * hsum256(a);
         }
 }
@@ -338,7 +341,8 @@ void ops_attn_scores_multi_ref(float *S, int lds, const float *Q, int nq, int ld
     scores_multi_plain(S, lds, Q, nq, ldq, K, t, d, scale, 0);
 }
 
-void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale)
+void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                           float scale)
 {
     scores_multi_any(S, lds, Q, nq, ldq, K, t, d, scale, 0);
 }
@@ -677,7 +681,8 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
                 for (int j = 0; j < tw / 8; j++)
                     for (int b = 0; b < 4; b++) {
                         const uint8_t v = tiles[t * tile + (size_t)j * 64 + 4 * r + b];
-                        dot += (v & 15) * qi[(size_t)h * ldq + 8 * j + b] + (v >> 4) * qi[(size_t)h * ldq + 8 * j + 4 + b];
+                        dot +=
+                            (v & 15) * qi[(size_t)h * ldq + 8 * j + b] + (v >> 4) * qi[(size_t)h * ldq + 8 * j + 4 + b];
                     }
                 S[(size_t)h * ldo + 16 * t + r] = (float)(dot - 8 * qsum[h]) * (kscale[16 * t + r] * qscale[h]);
             }

@@ -72,7 +72,8 @@ void ops_attn_accum_idx_ref(float *out, const float *p, const float *V, const in
 /* Several queries against the same keys and values, each row read once for all of them: the
  * heads of a GQA group in decode, or all queries of one KV head in a prefill batch.
  * S[i*lds + j] = scale * dot(Q[i*ldq ..], K[j]) for i < nq, j < t (lds >= t) */
-void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d, float scale);
+void ops_attn_scores_multi(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
+                           float scale);
 void ops_attn_scores_multi_ref(float *S, int lds, const float *Q, int nq, int ldq, const float *K, int t, int d,
                                float scale);
 /* O[i*ldo + c] = sum_{j < len[i]} P[i*t + j] V[j][c] for i < nq (overwrites; len NULL: all t rows;

@@ -109,8 +109,9 @@ static void xq16_fast(float *xs, float *sx, int16_t *x16, const float *x, int64_
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
         xs[b] = hsum256(_mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3)));
-        const float amax = hmax256(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3))));
+        const float amax =
+            hmax256(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                  _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3))));
         sx[b] = isfinite(xs[b]) ? amax / 32767 : NAN;
         if (!isfinite(xs[b])) {   /* x * 0 is NaN for an infinity: all zero instead */
             memset(x16, 0, 64);
@@ -284,12 +285,30 @@ static float b32_dot_ref(uint32_t bt, size_t bb, const uint8_t *b, const void *x
     return acc + acco;
 }
 
-static float dot_ref_q4_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q4_0, 18, b, x, c); }
-static float dot_ref_q4_1(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q4_1, 20, b, x, c); }
-static float dot_ref_q5_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q5_0, 22, b, x, c); }
-static float dot_ref_q5_1(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q5_1, 24, b, x, c); }
-static float dot_ref_q8_0(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_Q8_0, 34, b, x, c); }
-static float dot_ref_iq4_nl(const uint8_t *b, const void *x, int64_t c) { return b32_dot_ref(GGUF_TYPE_IQ4_NL, 18, b, x, c); }
+static float dot_ref_q4_0(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_Q4_0, 18, b, x, c);
+}
+static float dot_ref_q4_1(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_Q4_1, 20, b, x, c);
+}
+static float dot_ref_q5_0(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_Q5_0, 22, b, x, c);
+}
+static float dot_ref_q5_1(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_Q5_1, 24, b, x, c);
+}
+static float dot_ref_q8_0(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_Q8_0, 34, b, x, c);
+}
+static float dot_ref_iq4_nl(const uint8_t *b, const void *x, int64_t c)
+{
+    return b32_dot_ref(GGUF_TYPE_IQ4_NL, 18, b, x, c);
+}
 
 /* Q4_K (q5 0) and Q5_K: per super-block (d dx) sum_s sc_s (q . x8)_s - (dmin dx) sum_s m_s sum_s x8 */
 static float q45k_dot_ref(const uint8_t *b, const xq8 *x, int64_t cols, int q5)
@@ -333,7 +352,8 @@ static float dot_ref_q6_k(const uint8_t *b, const void *xv, int64_t cols)
             int dot = 0, xsum = 0;
             for (int v = v0; v < v0 + 16; v++) {
                 const int h = v / 128, r = v % 128;
-                const int lo = b[64 * h + r % 64] >> 4 * (r / 64) & 15, hi = b[128 + 32 * h + r % 32] >> 2 * (r / 32) & 3;
+                const int lo = b[64 * h + r % 64] >> 4 * (r / 64) & 15,
+                          hi = b[128 + 32 * h + r % 32] >> 2 * (r / 32) & 3;
                 const int8_t xq = x->q[256 * i + v];
                 dot += (lo | hi << 4) * xq;
                 xsum += xq;
@@ -422,7 +442,8 @@ static float dot1_q4_1(const uint8_t *b, const void *xv, int64_t cols)
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (int64_t i = 0; i < cols / 32; i++, b += 20) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 4, X16_LO(x, i), X16_HI(x, i)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q4_block_dot(b + 4, X16_LO(x, i), X16_HI(x, i)),
+                              acc);
         accm += f16_scalar(b + 2) * x->xs[i];
     }
     return hsum256(acc) + accm;
@@ -491,7 +512,8 @@ static float dot1_q5_1(const uint8_t *b, const void *xv, int64_t cols)
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (int64_t i = 0; i < cols / 32; i++, b += 24) {
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]), q5_block_dot(b + 4, b + 8, X16_LO(x, i), X16_HI(x, i)), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_scalar(b) * x->sx[i]),
+                              q5_block_dot(b + 4, b + 8, X16_LO(x, i), X16_HI(x, i)), acc);
         accm += f16_scalar(b + 2) * x->xs[i];
     }
     return hsum256(acc) + accm;
@@ -606,8 +628,9 @@ static const int16_t K6_SCALE_IDX[4][32] __attribute__((aligned(64))) = {
 /* Q6_K's two high bits of the four vectors (qh[0..31] in both halves): shifted left into bits
  * 4-5 (low nibbles: values 0-31 bits 0-1, values 32-63 bits 2-3) or right (high nibbles: 64-95
  * bits 4-5, 96-127 bits 6-7) */
-static const int16_t K6_SHL[32] __attribute__((aligned(64))) = { W8(4), W8(4), W8(2), W8(2) };
-static const int16_t K6_SHR[32] __attribute__((aligned(64))) = { W8(0), W8(0), W8(2), W8(2) };
+/* (counts per 64-bit lane: the bits a shift moves across bytes land outside 4-5 and are masked) */
+static const int64_t K6_SHL[8] __attribute__((aligned(64))) = { 4, 4, 4, 4, 2, 2, 2, 2 };
+static const int64_t K6_SHR[8] __attribute__((aligned(64))) = { 0, 0, 0, 0, 2, 2, 2, 2 };
 /* lane -> row of the four rows' dmin spread over quads */
 static const int32_t QUAD_IDX[16] __attribute__((aligned(64))) = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3 };
 #undef W8
@@ -666,7 +689,8 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
                 __m512i ia = _mm512_setzero_si512();
                 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
-                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
+                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))),
+                                   s[k]);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
             }
         }
@@ -676,14 +700,16 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
         const __m512 dmq = _mm512_permutexvar_ps(_mm512_load_si512(QUAD_IDX), _mm512_castps128_ps512(dmin));
         #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
-            const __m512i s32 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
+            const __m512i s32 =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
             accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(M, s32)),
                                       _mm512_mul_ps(dmq, _mm512_set1_ps(x->d[t * nb + i])), accm[t]);
         }
     }
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        tile_store(y, ldy, t, nr, _mm_sub_ps(hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), hsum_quads512(accm[t])));
+        tile_store(y, ldy, t, nr,
+                   _mm_sub_ps(hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]), hsum_quads512(accm[t])));
 }
 
 static inline __attribute__((always_inline)) void
@@ -711,16 +737,17 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
             const __m512i S = _mm512_castsi256_si512(sc16);
             /* -32 sc per sub-block, against x's 16-sums: the -32 of every value */
-            const __m512i nsc = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
+            const __m512i nsc =
+                _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
             __m512i q[4];
             #pragma GCC unroll 4
             for (int h = 0; h < 2; h++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * h));
                 const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
                 /* a | (b & c): 0xF8 */
-                q[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_sllv_epi16(hb, shl), m30, 0xF8);
+                q[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_sllv_epi64(hb, shl), m30, 0xF8);
                 q[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                                         _mm512_srlv_epi16(hb, shr), m30, 0xF8);
+                                                         _mm512_srlv_epi64(hb, shr), m30, 0xF8);
             }
             __m512i s[4];
             #pragma GCC unroll 4
@@ -728,11 +755,13 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
             #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = x->q + t * cols + 256 * i;
-                __m512i ia = dpwssd512(_mm512_setzero_si512(), nsc,
-                                       _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i))));
-                #pragma GCC unroll 4
+                __m512i ia = dpwssd512(
+                    _mm512_setzero_si512(), nsc,
+                    _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i))));
+#pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
-                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
+                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))),
+                                   s[k]);
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
             }
         }
@@ -819,7 +848,8 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
                     const int8_t *xq = x->q + t * cols + 256 * i + 64 * c;
                     const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq));
                     const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
-                    ia[t] = _mm256_add_epi32(ia[t], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+                    ia[t] = _mm256_add_epi32(
+                        ia[t], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
                 }
             }
             #pragma GCC unroll 4
@@ -1151,7 +1181,8 @@ static const quant_kernels KERNELS[GGUF_TYPE_COUNT] = {
     [GGUF_TYPE_Q5_0] = { "Q5_0", 32, 22, QUANT_XF_Q16, K(dot4_q5_0), K(dot1_q5_0), NULL, K(row_q5_0), dot_ref_q5_0 },
     [GGUF_TYPE_Q5_1] = { "Q5_1", 32, 24, QUANT_XF_Q16, K(dot4_q5_1), K(dot1_q5_1), NULL, K(row_q5_1), dot_ref_q5_1 },
     [GGUF_TYPE_Q8_0] = { "Q8_0", 32, 34, QUANT_XF_Q16, K(dot4_q8_0), K(dot1_q8_0), NULL, K(row_q8_0), dot_ref_q8_0 },
-    [GGUF_TYPE_IQ4_NL] = { "IQ4_NL", 32, 18, QUANT_XF_Q16, K(dot4_iq4_nl), K(dot1_iq4_nl), NULL, K(row_iq4_nl), dot_ref_iq4_nl },
+    [GGUF_TYPE_IQ4_NL] = { "IQ4_NL", 32, 18, QUANT_XF_Q16, K(dot4_iq4_nl), K(dot1_iq4_nl), NULL, K(row_iq4_nl),
+                           dot_ref_iq4_nl },
     [GGUF_TYPE_Q4_K] = { "Q4_K", 256, 144, QUANT_XF_Q8K, NULL, NULL, K(tile_q4_k), K(row_q4_k), dot_ref_q4_k },
     [GGUF_TYPE_Q5_K] = { "Q5_K", 256, 176, QUANT_XF_Q8K, NULL, NULL, K(tile_q5_k), K(row_q5_k), dot_ref_q5_k },
     [GGUF_TYPE_Q6_K] = { "Q6_K", 256, 210, QUANT_XF_Q8K, NULL, NULL, K(tile_q6_k), K(row_q6_k), dot_ref_q6_k },
@@ -1187,7 +1218,8 @@ void weight_row(const weight *w, int64_t r, float *out)
 {
     const quant_kernels *k = quant_kernels_of(w->type);
     if (k && k->row) k->row((const uint8_t *)w->data + row_bytes(w) * (size_t)r, out, w->cols);
-    else if (w->type == GGUF_TYPE_F32) memcpy(out, (const float *)w->data + (size_t)r * w->cols, sizeof(float) * w->cols);
+    else if (w->type == GGUF_TYPE_F32)
+        memcpy(out, (const float *)w->data + (size_t)r * w->cols, sizeof(float) * w->cols);
     else weight_row_ref(w, r, out);
 }
 

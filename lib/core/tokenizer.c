@@ -111,8 +111,12 @@ struct tokenizer {
  * a format character. So \s and \S are spelled \p{White_Space} and \P{White_Space}; all else
  * runs as written. */
 #define PAT_GPT2_JSON "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
-#define PAT_LLAMA3_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define PAT_QWEN2_JSON "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define PAT_LLAMA3_JSON                                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                                         \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define PAT_QWEN2_JSON                                                                                                 \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                                              \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 #define SP "\\p{White_Space}"
 #define NSP "\\P{White_Space}"
@@ -565,8 +569,9 @@ static int load_arrays(tokenizer **out, const vocab_arrays *va, char *err)
     else if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) kind = TOKENIZER_PRE_LLAMA3;
     else if (!strcmp(pre, "qwen2")) kind = TOKENIZER_PRE_QWEN2;
     else
-        return fasa_error(err, FASA_EUNSUPPORTED,
-                          "tokenizer.ggml.pre '%s' is not supported (known: smollm, gpt2, default, llama-bpe, llama3, qwen2)", pre);
+        return fasa_error(
+            err, FASA_EUNSUPPORTED,
+            "tokenizer.ggml.pre '%s' is not supported (known: smollm, gpt2, default, llama-bpe, llama3, qwen2)", pre);
 
     for (int i = 0; i < n_vocab; i++) {
         size_t n;
@@ -607,7 +612,8 @@ static int load_arrays(tokenizer **out, const vocab_arrays *va, char *err)
         if (n > 1) sp = memchr(m + 1, ' ', n - 1);
         if (!sp || sp + 1 == m + n || memchr(sp + 1, ' ', (size_t)(m + n - sp - 1))) {
             tokenizer_free(t);
-            return fasa_error(err, FASA_EFORMAT, "%s[%d] '%.*s' is not a pair", what_merge, i, (int)(n > 64 ? 64 : n), m);
+            return fasa_error(err, FASA_EFORMAT, "%s[%d] '%.*s' is not a pair", what_merge, i, (int)(n > 64 ? 64 : n),
+                              m);
         }
         if ((rc = merge_add(t, i, m, (size_t)(sp - m), sp + 1, (size_t)(m + n - sp - 1), what_merge, err)) < 0) {
             tokenizer_free(t);
@@ -849,11 +855,13 @@ static const char *jtype(const cJSON *o)
 static int byte_level_ok(const cJSON *bl, int use_regex, const char *path, char *err)
 {
     if (jtrue(bl, "add_prefix_space"))
-        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer ByteLevel with add_prefix_space is not supported", path);
+        return fasa_error(err, FASA_EUNSUPPORTED,
+                          "'%s': pre_tokenizer ByteLevel with add_prefix_space is not supported", path);
     /* use_regex defaults to true in `tokenizers`. */
     if ((jget(bl, "use_regex") ? jtrue(bl, "use_regex") : 1) != use_regex)
-        return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer ByteLevel with use_regex %s is not supported here",
-                          path, use_regex ? "false" : "true");
+        return fasa_error(err, FASA_EUNSUPPORTED,
+                          "'%s': pre_tokenizer ByteLevel with use_regex %s is not supported here", path,
+                          use_regex ? "false" : "true");
     return 0;
 }
 
@@ -887,7 +895,8 @@ static int pre_detect(const cJSON *p, enum tokenizer_pre *kind, const char *path
                           path, jtype(a), jtype(b));
     if (!strcmp(jtype(a), "Digits")) {
         if (!jtrue(a, "individual_digits"))
-            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer Digits without individual_digits is not supported", path);
+            return fasa_error(err, FASA_EUNSUPPORTED,
+                              "'%s': pre_tokenizer Digits without individual_digits is not supported", path);
         if ((rc = byte_level_ok(b, 1, path, err)) < 0) return rc;
         *kind = TOKENIZER_PRE_SMOLLM;
         return 0;
@@ -895,7 +904,8 @@ static int pre_detect(const cJSON *p, enum tokenizer_pre *kind, const char *path
     if (!strcmp(jtype(a), "Split")) {
         const char *re = jstr(jget(a, "pattern"), "Regex"), *beh = jstr(a, "behavior");
         if (!re || !beh || strcmp(beh, "Isolated") || jtrue(a, "invert"))
-            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer Split must be an isolated Regex split", path);
+            return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer Split must be an isolated Regex split",
+                              path);
         if (!strcmp(re, PAT_LLAMA3_JSON)) *kind = TOKENIZER_PRE_LLAMA3;
         else if (!strcmp(re, PAT_QWEN2_JSON)) *kind = TOKENIZER_PRE_QWEN2;
         else if (!strcmp(re, PAT_GPT2_JSON)) *kind = TOKENIZER_PRE_GPT2;
@@ -904,7 +914,8 @@ static int pre_detect(const cJSON *p, enum tokenizer_pre *kind, const char *path
                               "(GPT-2, Llama-3, Qwen2): %.80s", path, re);
         return byte_level_ok(b, 0, path, err);
     }
-    return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer Sequence[%s, ByteLevel] is not supported", path, jtype(a));
+    return fasa_error(err, FASA_EUNSUPPORTED, "'%s': pre_tokenizer Sequence[%s, ByteLevel] is not supported", path,
+                      jtype(a));
 }
 
 static int normalizer_ok(const cJSON *n, const char *path, char *err)
@@ -1134,8 +1145,10 @@ static int load_json_root(tokenizer **out, const cJSON *root, const char *path, 
         return fasa_error(err, FASA_EUNSUPPORTED, "'%s': model.type %s is not supported (only BPE)", path, s);
     vocab = jget(model, "vocab");
     merges = jget(model, "merges");
-    if (!cJSON_IsObject(vocab)) return fasa_error(err, FASA_EFORMAT, "'%s': model.vocab is missing or not an object", path);
-    if (!cJSON_IsArray(merges)) return fasa_error(err, FASA_EFORMAT, "'%s': model.merges is missing or not an array", path);
+    if (!cJSON_IsObject(vocab))
+        return fasa_error(err, FASA_EFORMAT, "'%s': model.vocab is missing or not an object", path);
+    if (!cJSON_IsArray(merges))
+        return fasa_error(err, FASA_EFORMAT, "'%s': model.merges is missing or not an array", path);
     if (((s = jstr(model, "continuing_subword_prefix")) && *s) || ((s = jstr(model, "end_of_word_suffix")) && *s))
         return fasa_error(err, FASA_EUNSUPPORTED, "'%s': subword prefixes/suffixes are not supported", path);
     if ((v = jget(model, "dropout")) && cJSON_IsNumber(v) && v->valuedouble > 0)
@@ -1151,7 +1164,8 @@ static int load_json_root(tokenizer **out, const cJSON *root, const char *path, 
     /* Sizes first: the id range (ids may have gaps) and the bytes of all strings. */
     cJSON_ArrayForEach(x, vocab) {
         int id = jid(x);
-        if (id < 0) return fasa_error(err, FASA_EFORMAT, "'%s': model.vocab[\"%.64s\"] is not a valid id", path, x->string);
+        if (id < 0)
+            return fasa_error(err, FASA_EFORMAT, "'%s': model.vocab[\"%.64s\"] is not a valid id", path, x->string);
         if (id > max_id) max_id = id;
         total += strlen(x->string);
     }
@@ -2054,7 +2068,8 @@ int tokenizer_read_ids(const char *path, int n_vocab, int32_t **out, char *err)
     size_t len;
     *out = NULL;
     if (!strcmp(path, "-")) {
-        if (!(text = fasa_read_stream(stdin, &len))) return fasa_error(err, FASA_EIO, "cannot read token ids from stdin");
+        if (!(text = fasa_read_stream(stdin, &len)))
+            return fasa_error(err, FASA_EIO, "cannot read token ids from stdin");
     } else {
         const int rc = fasa_read_file(path, 0, &text, &len, err);
         if (rc < 0) return rc;

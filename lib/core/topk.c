@@ -67,7 +67,8 @@ static int count_ge(const int32_t *v, int n, int32_t t)
 #ifdef __AVX2__
     const __m256i vt = _mm256_set1_epi32(t);
     __m256i below = _mm256_setzero_si256();   /* minus the count of v < t, per lane */
-    for (; i + 8 <= n; i += 8) below = _mm256_add_epi32(below, _mm256_cmpgt_epi32(vt, _mm256_loadu_si256((const __m256i *)(v + i))));
+    for (; i + 8 <= n; i += 8)
+        below = _mm256_add_epi32(below, _mm256_cmpgt_epi32(vt, _mm256_loadu_si256((const __m256i *)(v + i))));
     int32_t l[8];
     _mm256_storeu_si256((__m256i *)l, below);
     c = i;

@@ -65,7 +65,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
             const double v = strtod(dash + 2, &end);
-            if (*end || v <= 0 || v >= 100) return fasa_error(err, FASA_EARG, "policy '%s': -aP takes 0 < P < 100", spec);
+            if (*end || v <= 0 || v >= 100)
+                return fasa_error(err, FASA_EARG, "policy '%s': -aP takes 0 < P < 100", spec);
             auto_mass = (float)(v / 100);
         }
         else if (!strncmp(dash, "-min", 4) && dash[4] >= '0' && dash[4] <= '9') auto_min = atoi(dash + 4);
@@ -81,7 +82,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     }
     enum policy_kind k;
     if (policy_parse(base, &k) < 0)
-        return fasa_error(err, FASA_EARG, "unknown policy '%s' (full, fasa, oracle, stream, snapkv, h2o, quest, random)", spec);
+        return fasa_error(err, FASA_EARG,
+                          "unknown policy '%s' (full, fasa, oracle, stream, snapkv, h2o, quest, random)", spec);
     out->o = policy_defaults(k, m, 1);
     out->o.fcs = fcs < 1 ? 1 : fcs;
     out->o.group = group;
@@ -173,7 +175,10 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     run_state *s = run_state_new(m, n, 64, err);
     if (!s) return FASA_ENOMEM;
     attn_stats st;
-    if ((rc = attn_stats_init(&st, m, n, STATS_QUEST | STATS_SNAPKV, n_prefill, err)) < 0) { run_state_free(s); return rc; }
+    if ((rc = attn_stats_init(&st, m, n, STATS_QUEST | STATS_SNAPKV, n_prefill, err)) < 0) {
+        run_state_free(s);
+        return rc;
+    }
     const int L = m->cfg.n_layer;
     ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads, .n_layer = L };
     c.pol = calloc(cfg->n_policy, sizeof *c.pol);
@@ -188,7 +193,8 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     c.keys = calloc(c.n_threads, sizeof *c.keys);
     c.idx = calloc(c.n_threads, sizeof *c.idx);
     c.score = calloc(c.n_threads, sizeof *c.score);
-    int ok = c.pol && c.hits && c.den && c.mass && c.queries && c.full && c.prob && c.bucket && c.keys && c.idx && c.score;
+    int ok =
+        c.pol && c.hits && c.den && c.mass && c.queries && c.full && c.prob && c.bucket && c.keys && c.idx && c.score;
     for (int t = 0; ok && t < c.n_threads; t++) {
         c.full[t] = malloc(sizeof(float) * n);
         c.prob[t] = malloc(sizeof(float) * n);
@@ -237,9 +243,20 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
                 }
 out:
     for (int p = 0; c.pol && p < cfg->n_policy; p++) policy_free(&c.pol[p]);
-    for (int t = 0; c.full && t < c.n_threads; t++) free(c.full[t]), free(c.bucket[t]), free(c.keys[t]), free(c.idx[t]), free(c.score[t]);
+    for (int t = 0; c.full && t < c.n_threads; t++)
+        free(c.full[t]), free(c.bucket[t]), free(c.keys[t]), free(c.idx[t]), free(c.score[t]);
     for (int t = 0; c.prob && t < c.n_threads; t++) free(c.prob[t]);
-    free(c.pol); free(c.hits); free(c.den); free(c.mass); free(c.queries); free(c.full); free(c.prob); free(c.bucket); free(c.keys); free(c.idx); free(c.score);
+    free(c.pol);
+    free(c.hits);
+    free(c.den);
+    free(c.mass);
+    free(c.queries);
+    free(c.full);
+    free(c.prob);
+    free(c.bucket);
+    free(c.keys);
+    free(c.idx);
+    free(c.score);
     attn_stats_free(&st);
     run_state_free(s);
     return rc;
@@ -291,7 +308,10 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
         run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
         if (!s) return FASA_ENOMEM;
         attn_stats st;
-        if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) { run_state_free(s); return rc; }
+        if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) {
+            run_state_free(s);
+            return rc;
+        }
         s->stats = &st;
         stats_snap sn = { 0 };
         if ((rc = model_prefill(m, s, ids, P, NULL, err)) < 0) goto next;
@@ -313,13 +333,15 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                 for (int i = 0; i < M && rc == 0; i += batch) {
                     int nb = M - i < batch ? M - i : batch;
                     rc = model_forward(m, s, ids + P + i, nb, 1, err);
-                    for (int j = 0; j < nb && rc == 0; j++) nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
+                    for (int j = 0; j < nb && rc == 0; j++)
+                        nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
                 }
                 attention_use_policy(s, NULL, 0, NULL);
                 const double tokens = policy_selected(&pol, NULL);
                 policy_free(&pol);
                 if (rc < 0) goto next;
-                if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M), nll / M, -1) < 0) {
+                if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M),
+                            nll / M, -1) < 0) {
                     rc = fasa_error(err, FASA_ENOMEM, "out of memory");
                     goto next;
                 }
@@ -431,7 +453,8 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                         outbuf[ol] = 0;
                         attention_use_policy(s, NULL, 0, NULL);
                         policy_free(&pol);
-                        hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] += strstr(outbuf, want) != NULL;
+                        hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] +=
+                            strstr(outbuf, want) != NULL;
                     }
                 }
                 snap_free(&sn);
@@ -447,7 +470,8 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
             for (int pi = 0; pi < cfg->n_policy; pi++)
                 for (int bi = 0; bi < cfg->n_budget; bi++)
                     if (add_row(rows, n_rows, "passkey", cfg->policies[pi].name, cfg->budgets[bi], cfg->contexts[li],
-                                hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] / (double)seeds,
+                                hits[((size_t)li * cfg->n_depth + di) * nb_all + pi * cfg->n_budget + bi] /
+                                    (double)seeds,
                                 seeds, cfg->depths[di]) < 0)
                         rc = fasa_error(err, FASA_ENOMEM, "out of memory");
     free(hits);
@@ -515,17 +539,22 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                 ruler_sample smp;
                 const int L = cfg->contexts[li];
                 /* RULER's length holds the prompt and the answer to generate */
-                rc = ruler_generate(t, L - overhead - 128, (uint64_t)(k + 1) * 7919 + (uint64_t)L, count_tokens, (void *)m,
-                                    &smp, err);
+                rc = ruler_generate(t, L - overhead - 128, (uint64_t)(k + 1) * 7919 + (uint64_t)L, count_tokens,
+                                    (void *)m, &smp, err);
                 if (rc < 0) break;
                 int32_t *ids = NULL, *pre = NULL;
                 int n = session_prompt_ids(m, smp.prompt, -1, NULL, &ids, err);
                 const size_t pl = strlen(smp.answer_prefix);
-                int np = n < 0 ? n : (pre = malloc(sizeof *pre * (pl + 16))) ? tokenizer_encode(m->tok, smp.answer_prefix, pl, 0, pre, (int)(pl + 16)) : FASA_ENOMEM;
+                int np = n < 0 ? n
+                         : (pre = malloc(sizeof *pre * (pl + 16)))
+                             ? tokenizer_encode(m->tok, smp.answer_prefix, pl, 0, pre, (int)(pl + 16))
+                             : FASA_ENOMEM;
                 int32_t *all = n > 0 && np >= 0 ? realloc(ids, sizeof *ids * (n + np)) : NULL;
                 if (!all) {
                     free(ids), free(pre), ruler_sample_free(&smp);
-                    rc = n < 0 ? n : np < 0 ? fasa_error(err, FASA_EFORMAT, "cannot tokenize a ruler prompt") : FASA_ENOMEM;
+                    rc = n < 0    ? n
+                         : np < 0 ? fasa_error(err, FASA_EFORMAT, "cannot tokenize a ruler prompt")
+                                  : FASA_ENOMEM;
                     break;
                 }
                 ids = all;
@@ -564,7 +593,8 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                             if (tok == tokenizer_eos(m->tok)) break;
                             char piece[64];
                             int n_piece = tokenizer_decode(m->tok, tok, piece, sizeof piece);
-                            if (n_piece > 0 && ol + n_piece < sizeof out - 1) memcpy(out + ol, piece, n_piece), ol += n_piece;
+                            if (n_piece > 0 && ol + n_piece < sizeof out - 1)
+                                memcpy(out + ol, piece, n_piece), ol += n_piece;
                         }
                         out[ol] = 0;
                         attention_use_policy(s, NULL, 0, NULL);
@@ -601,7 +631,8 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                         rc = fasa_error(err, FASA_ENOMEM, "out of memory");
                         break;
                     }
-                    snprintf((*rows)[*n_rows - 1].task, sizeof (*rows)[*n_rows - 1].task, "%s", t < T ? ruler_task_name(t) : "mean");
+                    snprintf((*rows)[*n_rows - 1].task, sizeof(*rows)[*n_rows - 1].task, "%s",
+                             t < T ? ruler_task_name(t) : "mean");
                 }
             }
         }

@@ -58,7 +58,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
  * share of full attention's probability the selected tokens hold, averaged over queries and
  * heads), then with per_layer "ca" and "mass" rows for each layer (layer >= 0). */
 int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
-int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
+int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows,
+              char *err);
 int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 /* ruler: RULER-style tasks (ruler.h) at each length of cfg->contexts, cfg->seeds samples per
  * (task, length); each sample is prefilled once (densely) and decoded under every policy and

@@ -414,7 +414,8 @@ int export_csv(const profile *p, const char *path, char *err)
                 for (int i = 0; i < p->n_chunk; i++) pos[r[i]] = (int16_t)i;
                 const double *ca = profile_ca(p, ki, l, h);
                 for (int c = 0; c < p->n_chunk; c++)
-                    len += snprintf(buf + len, cap - len, "%d,%d,%d,%d,%.6f,%d\n", p->ks[ki], l, h, c, ca[c], pos[c] + 1);
+                    len +=
+                        snprintf(buf + len, cap - len, "%d,%d,%d,%d,%.6f,%d\n", p->ks[ki], l, h, c, ca[c], pos[c] + 1);
             }
     int rc = fasa_write_file(path, buf, len, err);
     free(buf), free(r), free(pos);

@@ -82,7 +82,8 @@ void export_chunk_dims(enum chunk_def def, int d_head, int chunk, int dims[2]);
  * profiles use one chunk definition and stays meaningful when they do not. */
 typedef struct export_compare {
     int n_layer, n_chunk, n_f;
-    int f[EXPORT_COMPARE_MAX_F];           /* chance overlap of random sets: f / n_chunk */           /* n_chunk/8, n_chunk/4 and fcs, distinct, ascending */
+    int f[EXPORT_COMPARE_MAX_F];
+        /* chance overlap of random sets: f / n_chunk */ /* n_chunk/8, n_chunk/4 and fcs, distinct, ascending */
     double *head;                          /* (n_f, n_layer) query heads (stored rankings) */
     double *kv;                            /* (n_f, n_layer) KV heads (group rankings) */
     double overall[EXPORT_COMPARE_MAX_F], kv_overall[EXPORT_COMPARE_MAX_F];

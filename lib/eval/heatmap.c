@@ -205,8 +205,11 @@ static void plan(const profile *p, layout *L)
     L->tick_step = 1;
     while (L->tick_step * L->cw < heatmap_text_width("000", TS) + 3 * GAP) L->tick_step *= 2;
     L->header = MARGIN + GLYPH_H * TITLE_S + GAP + GLYPH_H * TS + 2 * GAP;
-    L->bar_area = 2 * GAP + (BAR_W + GAP + heatmap_text_width("0.000", TS) > heatmap_text_width("mean CA", TS)
-                             ? BAR_W + GAP + heatmap_text_width("0.000", TS) : heatmap_text_width("mean CA", TS)) + MARGIN;
+    L->bar_area = 2 * GAP +
+                  (BAR_W + GAP + heatmap_text_width("0.000", TS) > heatmap_text_width("mean CA", TS)
+                       ? BAR_W + GAP + heatmap_text_width("0.000", TS)
+                       : heatmap_text_width("mean CA", TS)) +
+                  MARGIN;
     /* the number of columns that brings the picture closest to 16:10 */
     double best = 1e30;
     for (int cols = 1; cols <= p->n_layer; cols++) {
@@ -255,7 +258,8 @@ static void draw_panel(heatmap_image *img, const profile *p, int ki, int layer, 
     const int th = (GLYPH_H - 1) * TS;
     for (int h = 0; h < H; h += H - 1 > 0 ? H - 1 : 1) {
         snprintf(buf, sizeof buf, "%d", h);
-        heatmap_draw_text(img, gx - GAP - heatmap_text_width(buf, TS), gy + row_y(L, h) + (L->ch - th) / 2, buf, TS, INK, 0);
+        heatmap_draw_text(img, gx - GAP - heatmap_text_width(buf, TS), gy + row_y(L, h) + (L->ch - th) / 2, buf, TS,
+                          INK, 0);
     }
     heatmap_draw_text(img, x0 + GAP, gy + (gh - heatmap_text_width("head", TS)) / 2, "head", TS, INK, 1);
     /* chunk axis: ticks every tick_step chunks and at the last one when there is room */
@@ -282,10 +286,9 @@ int heatmap_render(const profile *p, int ki, int mark_f, heatmap_image *img, cha
     plan(p, &L);
     char title[128], sub[320];
     snprintf(title, sizeof title, "contextual agreement per head and frequency chunk, K=%d", p->ks[ki]);
-    int n = snprintf(sub, sizeof sub, "%s, %d layers, %d heads (%d KV), %d chunks (%s: dims %s); %s",
-                     p->arch, p->n_layer, p->n_head, p->n_kv_head, p->n_chunk,
-                     p->chunks == CHUNKS_PLANE ? "plane" : "adjacent", p->chunks == CHUNKS_PLANE ? "j, j+d/2" : "2j, 2j+1",
-                     export_chunk_note(p->chunks));
+    int n = snprintf(sub, sizeof sub, "%s, %d layers, %d heads (%d KV), %d chunks (%s: dims %s); %s", p->arch,
+                     p->n_layer, p->n_head, p->n_kv_head, p->n_chunk, p->chunks == CHUNKS_PLANE ? "plane" : "adjacent",
+                     p->chunks == CHUNKS_PLANE ? "j, j+d/2" : "2j, 2j+1", export_chunk_note(p->chunks));
     if (mark_f > 0 && n > 0 && (size_t)n < sizeof sub)
         snprintf(sub + n, sizeof sub - n, "; dots: each head's top %d", mark_f);
     img->w = 2 * MARGIN + L.cols * L.slot_w + L.bar_area - MARGIN;

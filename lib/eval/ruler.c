@@ -175,7 +175,8 @@ static int corpus_load(char *err)
 {
     if (C.ready) return 0;
     DIR *d = opendir(LICENSES);
-    if (!d) return fasa_error(err, FASA_EIO, "ruler: cannot open '%s' (the license texts the tasks are made of)", LICENSES);
+    if (!d)
+        return fasa_error(err, FASA_EIO, "ruler: cannot open '%s' (the license texts the tasks are made of)", LICENSES);
     char **names = NULL, **seen = NULL;
     int n = 0, n_seen = 0, rc = 0;
     for (struct dirent *e; (e = readdir(d));)
@@ -547,7 +548,8 @@ static int setup(gen *g, char *err)
             for (const char *p = para; *p && ns < 8;) {
                 const char *q = strstr(p, ". ");
                 const char *end = q ? q + 1 : p + strlen(p);
-                if (end - p < 1000 && n_words_range(p, end) >= 8) snprintf(sent[ns++], sizeof sent[0], "%.*s", (int)(end - p), p);
+                if (end - p < 1000 && n_words_range(p, end) >= 8)
+                    snprintf(sent[ns++], sizeof sent[0], "%.*s", (int)(end - p), p);
                 p = q ? q + 2 : end;
             }
             if (t->kind == K_QA1) {

@@ -122,16 +122,19 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     const double bw = cfg->bandwidth > 0 ? cfg->bandwidth : speed_read_bandwidth((size_t)512 << 20, 5);
     int rc = 0, done = 0;
     if (n_ids < fill + cfg->steps + 1)
-        return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids, fill, cfg->steps);
+        return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids,
+                          fill, cfg->steps);
     int fasa = 0;
-    for (int p = 0; p < cfg->n_policy; p++) fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
+    for (int p = 0; p < cfg->n_policy; p++)
+        fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
     const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
     /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
     session_opts so = session_defaults();
     so.budget = cfg->budget, so.fcs = fcs, so.tip = cfg->tip, so.kv_cold = cfg->cold_dir;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
-        if (fcs < 1 || 2 * fcs >= c->d_head) return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
+        if (fcs < 1 || 2 * fcs >= c->d_head)
+            return fasa_error(err, FASA_EARG, "F must be between 1 and %d", c->d_head / 2 - 1);
     }
     if (!(*rows = calloc((size_t)cfg->n_policy * cfg->n_depth, sizeof **rows)))
         return fasa_error(err, FASA_ENOMEM, "out of memory");
@@ -209,7 +212,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
             w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
             /* what TIP streams per key and KV head: the copy, or the f16/f32 block */
-            if (w->fcs) w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
+            if (w->fcs)
+                w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
             w->decode_tok_s = median(tps + pi * R, R);
             w->attn_ms = median(attn + pi * R, R);
             w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;

@@ -237,7 +237,9 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             if ((!idx && row0 && !win) ||
                 s->attend_hook(s->attend_ctx, s, l, h, pos, q, win ? win : idx, rows, out, herr) < 0) {
 #pragma omp critical(fasa_hook_err)
-                if (!hook_failed) hook_failed = 1, snprintf(hook_err, sizeof hook_err, "%s", win || idx || !row0 ? herr : "out of memory");
+                if (!hook_failed)
+                    hook_failed = 1,
+                    snprintf(hook_err, sizeof hook_err, "%s", win || idx || !row0 ? herr : "out of memory");
             }
             free(win);
         } else {

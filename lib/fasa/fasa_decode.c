@@ -161,7 +161,8 @@ const float *fasa_tip_queries(const model *m, const run_state *s, int l, int *ld
     const int H = m->cfg.n_head, dh = m->cfg.d_head, ns = s->kv.n_split, nd = p->n_dom;
     *ldq = dh;
     if (p->o.tip_bits) {   /* each head's own dims at their places in the copy */
-        for (int h = 0; h < H; h++) policy_tip_query(p, l, h, s->q + (size_t)h * dh, p->tipq + (size_t)h * p->tip_width);
+        for (int h = 0; h < H; h++)
+            policy_tip_query(p, l, h, s->q + (size_t)h * dh, p->tipq + (size_t)h * p->tip_width);
         *ldq = p->tip_width;
         return p->tipq;
     }

@@ -266,15 +266,17 @@ static int load_rank(const cJSON *a, int n_outer, int n_inner, int n_chunk, int1
         for (int h = 0; h < n_inner; h++) {
             const cJSON *ha = cJSON_GetArrayItem(la, h);
             if (!cJSON_IsArray(ha) || cJSON_GetArraySize(ha) != n_chunk)
-                return fasa_error(err, FASA_EFORMAT, "'%s': '%s' layer %d head %d must list %d chunks", path, what, l, h, n_chunk);
+                return fasa_error(err, FASA_EFORMAT, "'%s': '%s' layer %d head %d must list %d chunks", path, what, l,
+                                  h, n_chunk);
             memset(seen, 0, n_chunk);
             int c = 0;
             const cJSON *v;
             cJSON_ArrayForEach(v, ha) {
                 double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
                 if (x < 0 || x >= n_chunk || x != floor(x) || seen[(int)x]++)
-                    return fasa_error(err, FASA_EFORMAT, "'%s': '%s' layer %d head %d is not a permutation of the chunks",
-                                      path, what, l, h);
+                    return fasa_error(err, FASA_EFORMAT,
+                                      "'%s': '%s' layer %d head %d is not a permutation of the chunks", path, what, l,
+                                      h);
                 out[((size_t)l * n_inner + h) * n_chunk + c++] = (int16_t)x;
             }
         }
@@ -295,17 +297,20 @@ static int load_ca(profile *p, const cJSON *ca, int fill, const char *path, char
         for (int l = 0; l < p->n_layer; l++) {
             const cJSON *la = cJSON_GetArrayItem(ka, l);
             if (!cJSON_IsArray(la) || cJSON_GetArraySize(la) != p->n_head)
-                return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d must have %d heads", path, p->ks[ki], l, p->n_head);
+                return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d must have %d heads", path, p->ks[ki], l,
+                                  p->n_head);
             for (int h = 0; h < p->n_head; h++) {
                 const cJSON *ha = cJSON_GetArrayItem(la, h);
                 if (!cJSON_IsArray(ha) || cJSON_GetArraySize(ha) != p->n_chunk)
-                    return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d must have %d chunks", path, p->ks[ki], l, h, p->n_chunk);
+                    return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d must have %d chunks", path,
+                                      p->ks[ki], l, h, p->n_chunk);
                 double *dst = fill ? profile_ca(p, ki, l, h) : NULL;
                 int c = 0;
                 cJSON_ArrayForEach(v, ha) {
                     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 1)
-                        return fasa_error(err, FASA_EFORMAT, "'%s': 'ca' K=%d layer %d head %d chunk %d is not a number in [0, 1]",
-                                          path, p->ks[ki], l, h, c);
+                        return fasa_error(err, FASA_EFORMAT,
+                                          "'%s': 'ca' K=%d layer %d head %d chunk %d is not a number in [0, 1]", path,
+                                          p->ks[ki], l, h, c);
                     if (dst) dst[c] = v->valuedouble;
                     c++;
                 }
@@ -323,7 +328,8 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
     int version = 0, rc;
     if ((rc = get_int(o, "version", 0, 1 << 30, &version, path, err)) < 0) return rc;
     if (version != PROFILE_VERSION)
-        return fasa_error(err, FASA_EFORMAT, "'%s': profile version %d, this fasa reads version %d", path, version, PROFILE_VERSION);
+        return fasa_error(err, FASA_EFORMAT, "'%s': profile version %d, this fasa reads version %d", path, version,
+                          PROFILE_VERSION);
     const cJSON *mo = cJSON_GetObjectItemCaseSensitive(o, "model");
     const cJSON *co = cJSON_GetObjectItemCaseSensitive(o, "chunks");
     const cJSON *ko = cJSON_GetObjectItemCaseSensitive(o, "calibration");
@@ -366,7 +372,8 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
         return fasa_error(err, FASA_EFORMAT, "'%s': 'k' must list 1 to %d values", path, PROFILE_MAX_K);
     p->n_k = 0;
     cJSON_ArrayForEach(v, ks) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 30) || v->valuedouble != floor(v->valuedouble))
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > (1 << 30) ||
+            v->valuedouble != floor(v->valuedouble))
             return fasa_error(err, FASA_EFORMAT, "'%s': 'k' values must be positive integers", path);
         p->ks[p->n_k++] = (int)v->valuedouble;
     }
@@ -378,8 +385,10 @@ static int profile_from_json(profile *p, const cJSON *o, const char *path, char 
     if ((rc = load_ca(p, ca, 0, path, err)) < 0 || (rc = profile_alloc(p, err)) < 0 ||
         (rc = load_ca(p, ca, 1, path, err)) < 0)
         return rc;
-    if ((rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "rank"), p->n_layer, p->n_head, p->n_chunk, p->rank, "rank", path, err)) < 0 ||
-        (rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "group_rank"), p->n_layer, p->n_kv_head, p->n_chunk, p->group_rank, "group_rank", path, err)) < 0)
+    if ((rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "rank"), p->n_layer, p->n_head, p->n_chunk, p->rank, "rank",
+                        path, err)) < 0 ||
+        (rc = load_rank(cJSON_GetObjectItemCaseSensitive(o, "group_rank"), p->n_layer, p->n_kv_head, p->n_chunk,
+                        p->group_rank, "group_rank", path, err)) < 0)
         return rc;
     return 0;
 }

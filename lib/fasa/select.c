@@ -72,7 +72,8 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             profile_chunk_dims(m, l, g, def, dims);
             int16_t chosen[512];
             if (o->kind == POLICY_FASA) {
-                const int16_t *r = o->group || o->block == 1 ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
+                const int16_t *r =
+                    o->group || o->block == 1 ? profile_group_rank(o->prof, l, g) : profile_rank(o->prof, l, h);
                 memcpy(chosen, r, sizeof(int16_t) * o->fcs);
             } else {
                 /* F distinct chunks drawn uniformly (partial Fisher-Yates) */
@@ -353,7 +354,8 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
             if (o->tip_bits && o->kind == POLICY_FASA)
                 tip_scores_q4(p, &s->kv, layer, head, g, t, q, S);
             else
-                tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom, 0);
+                tip_scores(S, q, &s->kv, layer, g, t, p->dom + ((size_t)layer * c->n_head + head) * p->n_dom, p->n_dom,
+                           0);
         }
         break;
     case POLICY_ORACLE:

@@ -154,7 +154,8 @@ static int bench_types(const char *list, int reps)
     uint64_t rng = 1;
     float *x = malloc(sizeof(float) * 512 * big), *y = malloc(sizeof(float) * 512 * big);
     for (int64_t i = 0; i < 512 * big; i++) x[i] = sinf((float)i * 0.37f) * (i % 97 == 5 ? 20 : 1);
-    printf("bench_ops --types: %d threads, %s of %d; decode GB/s over 96 MB of copies (a plain read of them), prefill GFLOP/s\n",
+    printf("bench_ops --types: %d threads, %s of %d; decode GB/s over 96 MB of copies (a plain read of them), prefill "
+           "GFLOP/s\n",
            omp_get_max_threads(), use_best ? "best" : "median", reps);
     printf("%-7s %14s %14s | %12s %12s\n", "type", "8960x1536", "1536x8960", "pre n=64", "pre n=512");
     printf("%-7s %14s %14s |\n", "", "dec (read)", "dec (read)");
@@ -178,7 +179,8 @@ static int bench_types(const char *list, int reps)
             for (int c = 0; c < copies; c++) free((void *)ws[c].data);
             free(ws);
         }
-        printf("%-7s %6.1f (%5.1f) %6.1f (%5.1f) | %12.1f %12.1f\n", k->name, gbs[0], rd[0], gbs[1], rd[1], gf[0], gf[1]);
+        printf("%-7s %6.1f (%5.1f) %6.1f (%5.1f) | %12.1f %12.1f\n", k->name, gbs[0], rd[0], gbs[1], rd[1], gf[0],
+               gf[1]);
         fflush(stdout);
     }
     free(x); free(y);
@@ -232,7 +234,8 @@ int main(int argc, char **argv)
     memset(y, 0, ymax * sizeof(float));
     printf("bench_ops: %s, %d threads%s, prefill batch %d, %s of %d\n", path, omp_get_max_threads(),
            adaptive ? " (adaptive)" : "", batch, use_best ? "best" : "median", reps);
-    printf("%-22s %8s %8s %8s | %8s %8s %8s\n", "shape (type)", "old us", "new us", "GB/s", "old GF/s", "new GF/s", "speedup");
+    printf("%-22s %8s %8s %8s | %8s %8s %8s\n", "shape (type)", "old us", "new us", "GB/s", "old GF/s", "new GF/s",
+           "speedup");
 
     for (int s = 0; s <= n_shapes; s++) {
         const weight *ws = s < n_shapes ? lw[s] : &out;
