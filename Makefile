@@ -62,8 +62,10 @@ check-lines:
 # Logits and greedy tokens of the real model against Hugging Face transformers (scripts/setup.sh
 # installs the reference into $(VENV)); MODEL=... checks another GGUF the same way.
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# K-quant files: VERIFY_ARGS=--exact (fasa's f32 path; the K kernels round x to 8 bits per 256)
+VERIFY_ARGS ?=
 verify: bin/fasa
-	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa --model $(MODEL)
+	$(VENV)/bin/python scripts/verify_logits.py --fasa bin/fasa --model $(MODEL) $(VERIFY_ARGS)
 
 # The suite under AddressSanitizer + UBSan, in build-asan/ (binaries too). Real-model checks find
 # the model through FASA_MODEL / FASA_PROFILE; the transformers check skips (no .venv there).

@@ -45,6 +45,9 @@ static const char usage_text[] =
     "                        (faster to score, less accurate on long text); union: each head's own\n"
     "                        chunks in an f16 block of the union. README, Accuracy\n"
     "      --per-head        the same as --tip union (older name)\n"
+    "      --exact           every weight product in f32 over dequantised rows (activations not\n"
+    "                        rounded to integers as the fast kernels do; slower): what an f32\n"
+    "                        reference on the dequantised weights computes (make verify)\n"
     "      --order-chunks    full: order every key's dims by the profile's group ranking, as fasa-c\n"
     "                        does (a converted model's arithmetic, float sums in the same order)\n"
     "      --kv-type T       KV cache rows: f16 (default: half the bytes per step) or f32 (exact;\n"
@@ -74,7 +77,7 @@ static const char usage_text[] =
 
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
-       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_KV_TYPE, OPT_DENSE_LIST,
+       OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_EXACT, OPT_KV_TYPE, OPT_DENSE_LIST,
        OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS };
 
 static const struct option long_opts[] = {
@@ -92,6 +95,7 @@ static const struct option long_opts[] = {
     { "group", no_argument, 0, OPT_GROUP },      { "device", required_argument, 0, OPT_DEVICE },
     { "per-head", no_argument, 0, OPT_PER_HEAD }, { "kv-cold", required_argument, 0, OPT_KV_COLD },
     { "order-chunks", no_argument, 0, OPT_ORDER }, { "kv-type", required_argument, 0, OPT_KV_TYPE },
+    { "exact", no_argument, 0, OPT_EXACT },
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
     { "target-mass", required_argument, 0, OPT_MASS },
@@ -204,6 +208,7 @@ int cmd_run(int argc, char **argv)
             break;
         }
         case OPT_ORDER: so.order_chunks = 1; break;
+        case OPT_EXACT: so.exact = 1; break;
         case OPT_KV_COLD: so.kv_cold = optarg; break;
         case OPT_DENSE_LIST:
             if (policy_parse_layers(optarg, ',', &so.dense_mask) < 0)

@@ -256,6 +256,7 @@ int session_open(session **out, model *m, const char *model_path, const session_
     if (!ss) return fasa_error(err, FASA_ENOMEM, "out of memory");
     ss->m = m;
     ss->o = *o;
+    ops_exact(o->exact);
     if (ss->o.n_batch < 1) ss->o.n_batch = 64;
     ss->mode = o->mode;
     kv_opts kvo = { .f16 = o->kv_f16 < 0 ? o->device != FASA_DEVICE_CUDA : o->kv_f16 };

@@ -69,6 +69,7 @@ typedef struct session_opts {
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
+    int exact;                 /* every weight product in f32, x not rounded (ops_exact) */
     /* the KV cache */
     int kv_f16;                /* 1 f16, 0 f32, -1 the default (f16; f32 with CUDA) */
     const char *kv_cold;       /* fasa-m: the cold tier's directory (NULL: $TMPDIR or /tmp) */

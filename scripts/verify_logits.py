@@ -34,6 +34,7 @@ DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 REF_VERSION = "ref-v1"  # bump when ref_logits.py changes what it computes
 REL_TOL = 1e-3
 KV_TYPE = "f32"   # --kv-type
+EXACT = []        # --exact: ["--exact"]
 TOP1_MIN = 0.999
 MIN_TOKENS = 200
 
@@ -301,7 +302,7 @@ def run_fasa(cmd, timeout):
 
 def fasa_logits(fasa, model, ids_file, out, n_pos, n_vocab, timeout):
     run_fasa([fasa, "run", model, "--ids", ids_file, "--dump-logits", out, "-n", "0",
-              "--mode", "full", "--kv-type", KV_TYPE], timeout)
+              "--mode", "full", "--kv-type", KV_TYPE] + EXACT, timeout)
     a = np.fromfile(out, dtype="<f4")
     if a.size != n_pos * n_vocab:
         raise FasaError(f"--dump-logits wrote {a.size} floats, want {n_pos} x {n_vocab}")
@@ -310,7 +311,7 @@ def fasa_logits(fasa, model, ids_file, out, n_pos, n_vocab, timeout):
 
 def fasa_greedy(fasa, model, ids_file, n, timeout):
     out = run_fasa([fasa, "run", model, "--ids", ids_file, "-n", str(n), "--temp", "0",
-                    "--print-ids", "--mode", "full", "--kv-type", KV_TYPE], timeout)
+                    "--print-ids", "--mode", "full", "--kv-type", KV_TYPE] + EXACT, timeout)
     try:
         return [int(x) for x in out.split()]
     except ValueError:
@@ -371,9 +372,14 @@ def main(argv=None):
     ap.add_argument("--list", action="store_true", help="print the prompts' names, sizes, text")
     ap.add_argument("--keep", metavar="DIR", help="keep fasa's outputs and the ids files here")
     ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32", help="fasa's KV cache type (default f32)")
+    ap.add_argument("--exact", action="store_true",
+                    help="fasa run --exact: weight products in f32 over dequantised rows, the reference's "
+                         "arithmetic (the fast kernels round activations: 16-bit per 32 values for Q4_0..Q8_0, "
+                         "8-bit per 256 for the K types, as llama.cpp does)")
     a = ap.parse_args(argv)
-    global KV_TYPE
+    global KV_TYPE, EXACT
     KV_TYPE = a.kv_type
+    EXACT = ["--exact"] if a.exact else []
 
     if not os.path.exists(a.model):
         skip(f"model {a.model} not found; run scripts/setup.sh")

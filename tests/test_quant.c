@@ -478,6 +478,39 @@ Test(quant, matmul_q4_k) { check_type(GGUF_TYPE_Q4_K); }
 Test(quant, matmul_q5_k) { check_type(GGUF_TYPE_Q5_K); }
 Test(quant, matmul_q6_k) { check_type(GGUF_TYPE_Q6_K); }
 
+/* ops_exact(1): x is not rounded, so decode and prefill agree with the f32 products of the
+ * dequantised rows to f32 summation error, far inside the rounding bound the fast kernels need. */
+Test(quant, exact_is_the_f32_path)
+{
+    const uint32_t types[] = { GGUF_TYPE_Q4_0, GGUF_TYPE_Q5_0, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_K, GGUF_TYPE_Q6_K };
+    const int64_t rows = 13, cols = 768;
+    float row[768];
+    ops_exact(1);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        if (!runs(types[ti])) continue;
+        qweight q;
+        qweight_new(&q, types[ti], rows, cols, 77 + types[ti]);
+        for (int n = 1; n <= 5; n += 4) {
+            float *x = malloc(sizeof(float) * n * cols), *y = malloc(sizeof(float) * n * rows);
+            uint64_t r = 5 + n;
+            rand_x(x, n * cols, &r, 0);
+            ops_matmul(y, &q.w, x, n);
+            for (int t = 0; t < n; t++)
+                for (int64_t i = 0; i < rows; i++) {
+                    weight_row(&q.w, i, row);
+                    double mag = 0;
+                    for (int c = 0; c < cols; c++) mag += fabs((double)row[c] * x[t * cols + c]);
+                    const double want = y_exact(&q, i, x + t * cols), got = y[t * rows + i];
+                    cr_expect(fabs(got - want) <= 1e-5 * mag + 1e-30, "%s n=%d exact: y[%d][%lld] = %.9g, want %.9g",
+                              quant_kernels_of(types[ti])->name, n, t, (long long)i, got, want);
+                }
+            free(x); free(y);
+        }
+        qweight_free(&q);
+    }
+    ops_exact(0);
+}
+
 /* A NaN or an infinity in x makes every row it meets non-finite, in decode and prefill. */
 Test(quant, non_finite_x)
 {

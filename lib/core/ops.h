@@ -34,9 +34,12 @@ size_t weight_bytes(const weight *w);
 void weight_row(const weight *w, int64_t r, float *out);
 void weight_row_ref(const weight *w, int64_t r, float *out);   /* formats/gguf's scalar dequant */
 
-/* y[i*rows + r] = dot(row r of W, x[i*cols ..]) for i < n. OpenMP over rows. n == 1 (decode)
- * streams each row once with dequantisation fused into the dot product; n > 1 (prefill) runs a
- * register-blocked 4-row x 3-token kernel on dequantised rows. */
+/* y[i*rows + r] = dot(row r of W, x[i*cols ..]) for i < n. OpenMP over rows. Each type's
+ * kernels (lib/core/quant.c) read its blocks in place: decode rounds x to 16-bit integers per 32
+ * values (Q4_0 ... Q8_0, IQ4_NL) or to 8-bit per 256 (the K types, as llama.cpp's q8_K), prefill
+ * runs register-blocked tiles. ops_exact(1) makes every product f32 over dequantised rows (x not
+ * rounded; slower): the arithmetic an f32 reference on the dequantised weights does. */
+void ops_exact(int on);
 void ops_matmul(float *y, const weight *w, const float *x, int n);
 void ops_matmul_ref(float *y, const weight *w, const float *x, int n);
 /* ops_matmul(y[i], w[i], x, n) for i < count in one parallel region (one fork and one join

@@ -1410,9 +1410,22 @@ void quant_prepare(quant_x *q, const float *x, int64_t cols, int n, void *scratc
     q->buf = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
 }
 
+/* ops_exact: every product in f32 over dequantised rows (no rounding of x) */
+static int exact;
+
+void ops_exact(int on)
+{
+    __atomic_store_n(&exact, on != 0, __ATOMIC_RELAXED);
+}
+
 void quant_rows(float *y, const weight *w, int64_t r0, int64_t r1, quant_x *q)
 {
 #ifdef OPS_AVX2
+    if (__atomic_load_n(&exact, __ATOMIC_RELAXED)) {
+        if (q->n > 1) matmul_tiles_f32(y, w, r0, r1, q);
+        else matmul_rows_plain(y, w, q->x, 1, r0, r1, ops_dot, weight_row);
+        return;
+    }
     const quant_kernels *k = quant_kernels_of(w->type);
     if (k && q->n == 1 && (k->dot1 || k->tile) && w->cols % k->block == 0) {
         matvec_rows(y, w, k, r0, r1, q);
