@@ -318,6 +318,26 @@ static void check_to_hf(enum tiny_arch arch, int seed)
 
 Test(convert, to_hf_llama_gguf_equals_hf_original) { check_to_hf(TINY_LLAMA, 64); }
 Test(convert, to_hf_qwen2_gguf_equals_hf_original) { check_to_hf(TINY_QWEN2, 66); }
+/* q/k norms, and Gemma's (1 + w) norms, pre/post norms and window pattern in config.json */
+Test(convert, to_hf_qwen3_gguf_equals_hf_original) { check_to_hf(TINY_QWEN3, 72); }
+Test(convert, to_hf_gemma3_gguf_equals_hf_original) { check_to_hf(TINY_GEMMA3, 74); }
+
+/* One q/k norm weight per layer: rows of different KV heads cannot take different orders. */
+Test(convert, qk_norm_models_refuse_reordering)
+{
+    cenv e;
+    cenv_open(&e, TINY_QWEN3, 1, 76);
+    convert_opts o = convert_defaults();
+    char out[700], err[FASA_ERRLEN];
+    snprintf(out, sizeof out, "%s/r", e.dir);
+    o.prof = &e.p;
+    o.prof_path = "tiny profile";
+    cr_expect_eq(convert_write(e.m, &o, out, err), FASA_EUNSUPPORTED, "%s", err);
+    cr_expect(strstr(err, "cannot be reordered per KV head (use --to hf)") != NULL, "%s", err);
+    struct stat st;
+    cr_expect_neq(stat(out, &st), 0, "a refused convert left %s", out);
+    cenv_close(&e);
+}
 
 Test(convert, half_precision_dtypes)
 {

@@ -122,6 +122,20 @@ static out_tensor *add_vector(tensor_list *L, const char *name, const float *v, 
     return t;
 }
 
+/* A norm's weights as Hugging Face stores them: Gemma's RMSNorm scales by 1 + w, and fasa keeps
+ * 1 + w (model.c adds the one on load), so w goes out. */
+static out_tensor *add_norm(tensor_list *L, const char *name, const float *v, int64_t n, const int *src, int dtype,
+                            int gemma, char *err)
+{
+    if (!gemma) return add_vector(L, name, v, n, src, dtype, err);
+    float *tmp = malloc(sizeof(float) * n);
+    if (!tmp) return fasa_error(err, FASA_ENOMEM, "out of memory"), NULL;
+    for (int64_t i = 0; i < n; i++) tmp[i] = v[src ? src[i] : i] - 1;
+    out_tensor *t = add_vector(L, name, tmp, n, NULL, dtype, err);
+    free(tmp);
+    return t;
+}
+
 static void list_free(tensor_list *L)
 {
     for (int i = 0; i < L->n; i++) free(L->t[i].data);
@@ -150,9 +164,18 @@ static int build_tensors(const model *m, const int16_t *order, int dtype, tensor
         if (!(t = add_matrix(L, name, w, src, dtype, err))) { rc = FASA_ENOMEM; goto out; } } while (0)
 #define VEC(v, n, src, ...) do { snprintf(name, sizeof name, __VA_ARGS__); \
         if (!(t = add_vector(L, name, v, n, src, dtype, err))) { rc = FASA_ENOMEM; goto out; } } while (0)
+#define NORM(v, n, ...) do { snprintf(name, sizeof name, __VA_ARGS__); \
+        if (!(t = add_norm(L, name, v, n, NULL, dtype, c->gemma, err))) { rc = FASA_ENOMEM; goto out; } } while (0)
     out_tensor *t;
+    /* q/k norms weigh each head's dims alike in every head, so the rows of different heads cannot
+     * be put in different orders under them */
+    if (c->qk_norm && order) {
+        rc = fasa_error(err, FASA_EUNSUPPORTED, "%s normalises q and k per head with one weight vector per layer: "
+                        "its q/k rows cannot be reordered per KV head (use --to hf)", fasa_arch_name(c->arch));
+        goto out;
+    }
     MAT(&m->tok_embd, NULL, "model.embed_tokens.weight");
-    VEC(m->out_norm.data, c->d_model, NULL, "model.norm.weight");
+    NORM(m->out_norm.data, c->d_model, "model.norm.weight");
     if (!c->tied_embeddings) MAT(&m->output, NULL, "lm_head.weight");
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *W = &m->layers[l];
@@ -163,8 +186,18 @@ static int build_tensors(const model *m, const int16_t *order, int dtype, tensor
                 for (int hq = g * group; hq < (g + 1) * group; hq++) qsrc[hq * d + x] = hq * d + map[x];
             }
         }
-        VEC(W->attn_norm.data, c->d_model, NULL, "model.layers.%d.input_layernorm.weight", l);
-        VEC(W->ffn_norm.data, c->d_model, NULL, "model.layers.%d.post_attention_layernorm.weight", l);
+        NORM(W->attn_norm.data, c->d_model, "model.layers.%d.input_layernorm.weight", l);
+        if (c->gemma) {   /* Gemma's names: the feed-forward's input norm is "pre_feedforward" */
+            NORM(W->ffn_norm.data, c->d_model, "model.layers.%d.pre_feedforward_layernorm.weight", l);
+            NORM(W->post_attn_norm, c->d_model, "model.layers.%d.post_attention_layernorm.weight", l);
+            NORM(W->post_ffn_norm, c->d_model, "model.layers.%d.post_feedforward_layernorm.weight", l);
+        } else {
+            NORM(W->ffn_norm.data, c->d_model, "model.layers.%d.post_attention_layernorm.weight", l);
+        }
+        if (c->qk_norm) {
+            NORM(W->q_norm, d, "model.layers.%d.self_attn.q_norm.weight", l);
+            NORM(W->k_norm, d, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         MAT(&W->wq, qsrc, "model.layers.%d.self_attn.q_proj.weight", l);
         XXH64_update(h, t->data, tensor_bytes(t, dtype));
         MAT(&W->wk, ksrc, "model.layers.%d.self_attn.k_proj.weight", l);
@@ -180,6 +213,7 @@ static int build_tensors(const model *m, const int16_t *order, int dtype, tensor
     }
 #undef MAT
 #undef VEC
+#undef NORM
     *qk_hash = XXH64_digest(h);
 out:
     if (h) XXH64_freeState(h);
@@ -298,7 +332,15 @@ static int write_config(const model *m, const char *src_dir, int dtype, int reor
     }
     if (!o) o = cJSON_CreateObject();
     if (!o) return fasa_error(err, FASA_ENOMEM, "out of memory");
-    static const char *const archs[] = { "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" };
+    static const char *const archs[FASA_ARCH_COUNT] = {
+        [FASA_ARCH_LLAMA] = "LlamaForCausalLM", [FASA_ARCH_MISTRAL] = "MistralForCausalLM",
+        [FASA_ARCH_QWEN2] = "Qwen2ForCausalLM", [FASA_ARCH_QWEN3] = "Qwen3ForCausalLM",
+        [FASA_ARCH_GEMMA3] = "Gemma3ForCausalLM",
+    };
+    if ((unsigned)c->arch >= FASA_ARCH_COUNT || !archs[c->arch]) {
+        cJSON_Delete(o);
+        return fasa_error(err, FASA_EUNSUPPORTED, "config.json: no Hugging Face class for architecture %d", c->arch);
+    }
     const char *arch_list[1] = { archs[c->arch] };
     set_item(o, "architectures", cJSON_CreateStringArray(arch_list, 1));
     set_item(o, "model_type", cJSON_CreateString(fasa_arch_name(c->arch)));
@@ -331,7 +373,22 @@ static int write_config(const model *m, const char *src_dir, int dtype, int reor
     set_item(o, "rope_scaling", rs);
     set_item(o, "tie_word_embeddings", cJSON_CreateBool(c->tied_embeddings));
     if (c->arch != FASA_ARCH_QWEN2) set_item(o, "attention_bias", cJSON_CreateBool(c->qkv_bias));
-    if (!cJSON_GetObjectItemCaseSensitive(o, "hidden_act")) cJSON_AddStringToObject(o, "hidden_act", "silu");
+    if (!cJSON_GetObjectItemCaseSensitive(o, "hidden_act"))
+        cJSON_AddStringToObject(o, "hidden_act", c->gemma ? "gelu_pytorch_tanh" : "silu");
+    /* the window and, for gemma3, its pattern of local and global layers (model.c reads these) */
+    if (c->sliding_window > 0) set_item(o, "sliding_window", cJSON_CreateNumber(c->sliding_window));
+    if (c->gemma) {
+        set_item(o, "hidden_activation", cJSON_CreateString("gelu_pytorch_tanh"));
+        set_item(o, "sliding_window_pattern", cJSON_CreateNumber(c->swa_period));
+        cJSON *lt = cJSON_CreateArray();
+        for (int l = 0; lt && l < c->n_layer; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(model_layer_local(c, l) ? "sliding_attention"
+                                                                                 : "full_attention"));
+        set_item(o, "layer_types", lt);
+        set_item(o, "rope_local_base_freq", json_float(c->rope_theta_local));
+        if (c->attn_scale > 0)
+            set_item(o, "query_pre_attn_scalar", json_float(1.0f / (c->attn_scale * c->attn_scale)));
+    }
     set_item(o, "torch_dtype",
              cJSON_CreateString(dtype == ST_F32   ? "float32"
                                 : dtype == ST_F16 ? "float16"
