@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent reference logits for a llama-architecture GGUF model.
+"""Independent reference logits for a llama- or qwen2-architecture GGUF model.
 
 Reads the GGUF with the `gguf` package, dequantises every tensor to float32
 (gguf.quants.dequantize), and runs Hugging Face transformers' LlamaForCausalLM in float32 with
@@ -47,8 +47,8 @@ class GGUFModel:
         self.path = path
         self.reader = gguf.GGUFReader(path)
         self.arch = self.meta("general.architecture")
-        if self.arch != "llama":
-            raise SystemExit(f"ref_logits: architecture {self.arch!r} not supported (llama only)")
+        if self.arch not in ("llama", "qwen2"):
+            raise SystemExit(f"ref_logits: architecture {self.arch!r} not supported (llama, qwen2)")
 
     def meta(self, key, default=None):
         f = self.reader.fields.get(key)
@@ -88,6 +88,8 @@ def hf_name(name):
     if name in fixed:
         return fixed[name]
     parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "bias" and parts[2] in ("attn_q", "attn_k", "attn_v"):
+        return f"model.layers.{int(parts[1])}.self_attn.{parts[2][-1]}_proj.bias"
     if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight":
         per_layer = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                      "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
@@ -106,7 +108,7 @@ class Reference:
     def __init__(self, path=DEFAULT_MODEL, threads=None):
         import torch
         import transformers
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
         transformers.logging.set_verbosity_error()
         self.torch = torch
         torch.set_num_threads(threads or _THREADS)
@@ -125,37 +127,42 @@ class Reference:
                 if name.startswith("rope_freqs"):
                     raise SystemExit("ref_logits: rope_freqs (rope scaling) not supported")
                 continue
-            if name.endswith("attn_q.weight"):
+            # llama.cpp interleaves llama's q/k rows; qwen2's stay in Hugging Face's order
+            if g.arch == "llama" and name.endswith("attn_q.weight"):
                 a = unpermute_rows(a, n_head)
-            elif name.endswith("attn_k.weight"):
+            elif g.arch == "llama" and name.endswith("attn_k.weight"):
                 a = unpermute_rows(a, n_kv)
             sd[hn] = torch.from_numpy(np.array(a, dtype=np.float32, copy=True))
         tied = "lm_head.weight" not in sd
         vocab = int(g.hp("vocab_size", sd["model.embed_tokens.weight"].shape[0]))
 
-        cfg = LlamaConfig(
+        common = dict(
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=int(g.hp("feed_forward_length")),
             num_hidden_layers=int(g.hp("block_count")),
             num_attention_heads=n_head,
             num_key_value_heads=n_kv,
-            head_dim=head_dim,
             max_position_embeddings=int(g.hp("context_length", 4096)),
             rms_norm_eps=float(g.hp("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(g.hp("rope.freq_base", 10000.0)),
             tie_word_embeddings=tied,
-            attention_bias=False,
-            mlp_bias=False,
             bos_token_id=g.meta("tokenizer.ggml.bos_token_id"),
             eos_token_id=g.meta("tokenizer.ggml.eos_token_id"),
             torch_dtype="float32",
         )
+        if g.arch == "qwen2":   # q/k/v biases; head_dim = hidden / heads
+            if head_dim * n_head != hidden:
+                raise SystemExit("ref_logits: qwen2 with head_dim != hidden / heads not supported")
+            cfg, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
+        else:
+            cfg = LlamaConfig(**common, head_dim=head_dim, attention_bias=False, mlp_bias=False)
+            cls = LlamaForCausalLM
         if g.hp("rope.scaling.type") not in (None, "none"):
             raise SystemExit("ref_logits: rope scaling not supported")
         cfg._attn_implementation = "eager"
         torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+        model = cls(cfg).to(torch.float32).eval()
         missing, unexpected = model.load_state_dict(sd, strict=False)
         missing = [m for m in missing if not (tied and m == "lm_head.weight")]
         if missing or unexpected:
@@ -214,7 +221,15 @@ def build_tokenizer(g):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
                                byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact", "olmo"):
+    if pre == "qwen2":
+        # Qwen2's split (its tokenizer.json), then bytes without the GPT-2 regex
+        from tokenizers import Regex
+        qwen2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(qwen2), behavior="isolated", invert=False),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre in ("smollm", "starcoder", "refact", "olmo"):
         # llama.cpp: "\p{N}" split into single digits, then the GPT-2 regex
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
