@@ -70,7 +70,7 @@ verify: bin/fasa
 # The suite under AddressSanitizer + UBSan, in build-asan/ (binaries too). Real-model checks find
 # the model through FASA_MODEL / FASA_PROFILE; the transformers check skips (no .venv there).
 sanitize:
-	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	FASA_MODEL=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.gguf \
 	FASA_PROFILE=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.profile.json \
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
