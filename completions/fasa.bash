@@ -74,18 +74,22 @@ _fasa()
     run)
         opts="--model --mode --profile --budget --fcs --dense-layers --sinks --recent --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
-              --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --dense --help"
+              --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --dense
+              --tip --target-mass --exact --help"
         argopts="-m --model --mode -p --profile --budget --fcs --dense-layers --sinks --recent -n --n-predict --temp --top-k
-                 --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type --dense"
+                 --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type --dense
+                 --tip --target-mass"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
         --mode) COMPREPLY=( $(compgen -W "full fasa-c fasa-m" -- "$cur") ); return 0 ;;
         --kv-cold) compopt -o filenames 2>/dev/null; COMPREPLY=( $(compgen -d -- "$cur") ); return 0 ;;
         --kv-type) COMPREPLY=( $(compgen -W "f16 f32" -- "$cur") ); return 0 ;;
         --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
+        --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
+        --budget) COMPREPLY=( $(compgen -W "auto" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --ids|--dump-logits) _fasa_files "$cur"; return 0 ;;
-        --budget|--fcs|--dense-layers|--sinks|--recent|--dense|-n|--n-predict|--temp|--top-k|--top-p|--seed|--system|--ctx|-t|--threads)
+        --target-mass|--fcs|--dense-layers|--sinks|--recent|--dense|-n|--n-predict|--temp|--top-k|--top-p|--seed|--system|--ctx|-t|--threads)
             return 0 ;;
         esac
         ;;
@@ -121,14 +125,22 @@ _fasa()
         ;;
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads --help"
+              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
+              --tip --samples --tasks --quick --ids --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads"
+                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
-        --task) COMPREPLY=( $(compgen -W "ca ppl passkey speed" -- "$cur") ); return 0 ;;
+        --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;
+        --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
+        --ids) _fasa_files "$cur"; return 0 ;;
+        --tasks)
+            _fasa_list "$cur" "niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2
+                               niah_multikey_3 niah_multivalue niah_multiquery vt cwe fwe qa_1 qa_2"
+            return 0 ;;
+        --samples) return 0 ;;
         --policy)
-            _fasa_list "$cur" "full fasa fasa-1/8 fasa-1/4 fasa-group fasa-block fasa-nodense fasa-c fasa-m
+            _fasa_list "$cur" "default full fasa fasa-1/8 fasa-1/4 fasa-group fasa-block fasa-nodense fasa-c fasa-m
                                oracle stream snapkv h2o quest random"
             return 0 ;;
         --kv-cold) compopt -o filenames 2>/dev/null; COMPREPLY=( $(compgen -d -- "$cur") ); return 0 ;;

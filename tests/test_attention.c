@@ -567,14 +567,16 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
             bytes[k] = run_state_kv_bytes_read(s) - b0;
             run_state_free(s);
         }
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5, "%d threads: fused and per-query q4 differ", nt);
-        /* the same scores either way; the caches differ in layout (with the copy the keys are
-         * not split into blocks), so focused attention sums in another order: 2.7e-5 was seen in
-         * the -O1 sanitizer build with 3 threads, where -O2 stays within 1e-5 */
+        /* The routes select the same tokens but sum in different orders (the fused path and the
+         * per-query one; caches with and without the copy lay keys out differently): 8e-6 at -O2,
+         * up to 2.7e-5 in the -O1 sanitizer build. Selecting as exact keys do instead moves the
+         * logits by 0.26 here, so 1e-4 and 1e-2 keep the two cases far apart. */
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query q4 differ (%g)", nt,
+                      max_rel(out[0], out[1], 40 * V));
         cr_expect_leq(max_rel(out[1], out[2], 40 * V), 1e-4,
                       "%d threads: the copy and rounding keys differ (%g; first step %d)", nt,
                       max_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
-        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-5, "%d threads: q4 selected as exact keys do everywhere", nt);
+        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 selected as exact keys do everywhere", nt);
         cr_expect_lt(bytes[0], bytes[3], "the copy should be read instead of keys (%llu vs %llu bytes)",
                      (unsigned long long)bytes[0], (unsigned long long)bytes[3]);
         for (int k = 0; k < 4; k++) free(out[k]);

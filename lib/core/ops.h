@@ -7,10 +7,11 @@
  *   ops_softmax(scores, t);
  *   ops_attn_accum(out, scores, V, t, d);                 // out = sum_i scores[i] V[i]
  *
- * Weights keep the type they have on disk (enum gguf_type: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q4_K, Q6_K) and are dequantised a block at a time inside the kernels: no f32 copy of the model.
- * Fast paths (AVX2/FMA/F16C) are chosen at compile time; the *_ref twins are what tests compare
- * them against (tests/test_ops.c states each tolerance). tests/tools/bench_ops.c times them.
+ * Weights keep the type they have on disk (enum gguf_type: every type of formats/gguf.h's traits
+ * table, F32 ... IQ4_XS) and are read a block at a time inside the kernels (lib/core/quant.c, one
+ * table of per-type kernels): no f32 copy of the model. Fast paths (AVX2/FMA/F16C, AVX-512) are
+ * chosen at compile time; the *_ref twins are what tests compare them against (tests/test_ops.c,
+ * tests/test_quant.c state each tolerance). tests/tools/bench_ops.c times them.
  *
  * Threads: ops_matmul and ops_matmul_multi open one OpenMP parallel region per call (static,
  * balanced row split, no barrier inside); everything else runs on the calling thread. They time
