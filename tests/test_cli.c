@@ -228,13 +228,15 @@ Test(cli, real_model_chat_answer, .timeout = 300)
 
 /* bench --task speed: one row per (policy, depth) with the fields the JSON promises, and FASA-M's
  * resident KV is the dominant block only: 2F of the 2 x d_head floats a token holds. */
-Test(cli, real_model_speed_rows, .timeout = 600)
+/* (timeouts: the sanitizer build runs these real-model commands 20-50 times slower) */
+Test(cli, real_model_speed_rows, .timeout = 1800)
 {
     const char *m = real_model();
     if (!m) cr_skip_test("real_model_speed_rows: default model not installed (run scripts/setup.sh)");
     char *out, *err, args[1200];
     snprintf(args, sizeof args,
-             "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --json", m);
+             "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --bandwidth 30 --json",
+             m);
     int rc = fasa(args, &out, &err);
     if (rc != 0 && strstr(err, "profile"))
         cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
@@ -289,7 +291,7 @@ Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
 
 /* bench --task ruler end to end on the real model: rows in RULER's JSON form, scores in range,
  * the mean over one task its score (whether this 135M model finds the needle is not asserted) */
-Test(cli, real_model_ruler_rows, .timeout = 600)
+Test(cli, real_model_ruler_rows, .timeout = 1800)
 {
     const char *m = real_model();
     if (!m) cr_skip_test("real_model_ruler_rows: default model not installed (run scripts/setup.sh)");
