@@ -366,7 +366,7 @@ Test(quant, kernels_match_twins)
                     for (int nr = 1; nr <= 4; nr++) {
                         const uint8_t *wn[4] = { w[0], w[nr > 1], w[nr > 2 ? 2 : 0], w[nr > 3 ? 3 : 0] };
                         for (int i = 0; i < QUANT_TILE_T * 4; i++) y[i] = NAN;
-                        k->tile(y, 4, wn, nr, &x8, T, cols, NULL);
+                        k->tile(y, 4, wn, nr, &x8, T, cols, T == 1 ? 64 : 0);   /* decode prefetches */
                         for (int t = 0; t < QUANT_TILE_T; t++)
                             for (int i = 0; i < 4; i++) {
                                 if (t >= T || i >= nr) {

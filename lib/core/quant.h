@@ -40,11 +40,11 @@ typedef struct xq8 {
 } xq8;
 
 /* Rows w[0..3] (of cols values each; w[nr..3] repeat a row, their y is not written) dotted with
- * T tokens of x: y[t ldy + r] for r < nr, t < T (T <= QUANT_TILE_T). pf (decode; NULL: none):
- * the bytes from pf on are prefetched as the tile reads its rows, as many as it reads. */
+ * T tokens of x: y[t ldy + r] for r < nr, t < T (T <= QUANT_TILE_T). ahead (decode; 0: none):
+ * each row is prefetched that many bytes beyond where the tile reads it, as many as it reads. */
 #define QUANT_TILE_T 4
 typedef void (*quant_tile_fn)(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, int T,
-                              int64_t cols, const uint8_t *pf);
+                              int64_t cols, size_t ahead);
 
 typedef struct quant_kernels {
     const char *name;
