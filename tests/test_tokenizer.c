@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "convert.h"
+#include "fixtures.h"
 #include "gguf.h"
 #include "tokenizer.h"
 
@@ -860,6 +862,55 @@ static tokenizer *spm_load_json(const char *json)
 /* Ids worked out by hand from the scores (GGUF, llama.cpp's rule) and from the merge ranks
  * (tokenizer.json, `tokenizers`' rule); the two agree on this vocabulary except where a
  * tokenizer.json's pre-tokenizer differs. */
+/* fasa convert's tokenizer.json of a SentencePiece GGUF (merges from the scores, byte fallback,
+ * the prefix as a Prepend or none) encodes every line as the GGUF does. */
+Test(tokenizer, spm_gguf_exports_a_tokenizer_json_with_the_same_ids)
+{
+    static const char *const lines[] = {
+        "abc", "a  b", "x\xC3\xA9\xE2\x82\xAC", "<s>abc", "[INST] abc", "a<u>b", "\n", " ", "",
+        "abcabc bc  cab", "  leading and trailing  ", "\xE2\x96\x81" "a literal \xE2\x96\x81",
+    };
+    spm_fixture f;
+    spm_make(&f);
+    for (int prefix = 0; prefix < 2; prefix++) {
+        char err[FASA_ERRLEN] = "", path[600];
+        gguf_writer *w = gguf_writer_new();
+        gguf_file g;
+        uint8_t *buf;
+        size_t len;
+        gguf_w_str(w, "general.architecture", "llama");
+        gguf_w_str(w, "tokenizer.ggml.model", "llama");
+        gguf_w_arr_str(w, "tokenizer.ggml.tokens", f.tok, SPM_N);
+        gguf_w_arr_f32(w, "tokenizer.ggml.scores", f.score, SPM_N);
+        gguf_w_arr_i32(w, "tokenizer.ggml.token_type", f.type, SPM_N);
+        gguf_w_bool(w, "tokenizer.ggml.add_space_prefix", prefix);
+        cr_assert_eq(gguf_writer_bytes(w, &buf, &len, err), 0, "%s", err);
+        gguf_writer_free(w);
+        cr_assert_eq(gguf_parse(&g, buf, len, err), 0, "%s", err);
+        model m = { .source = MODEL_SOURCE_GGUF, .file = &g };
+        cr_assert_eq(tokenizer_load_gguf(&m.tok, &g, err), 0, "%s", err);
+        char *dir = tmpdir_make();
+        cr_assert_eq(convert_gguf_tokenizer(&m, dir, err), 0, "%s", err);
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        tokenizer *t;
+        cr_assert_eq(tokenizer_load_json(&t, path, err), 0, "%s", err);
+        cr_expect_eq(tokenizer_type(t), TOKENIZER_SPM);
+        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
+            for (int special = 0; special < 2; special++) {
+                int32_t a[64], b[64];
+                const int na = enc(m.tok, lines[i], special, a, 64), nb = enc(t, lines[i], special, b, 64);
+                cr_expect(na == nb && !memcmp(a, b, sizeof *a * (na > 0 ? na : 0)),
+                          "prefix %d, special %d, '%s': %d ids from the GGUF, %d from its tokenizer.json", prefix,
+                          special, lines[i], na, nb);
+            }
+        tokenizer_free(t);
+        tokenizer_free(m.tok);
+        tmpdir_remove(dir);
+        gguf_close(&g);
+        free(buf);
+    }
+}
+
 Test(tokenizer, spm_ids_by_hand)
 {
     spm_fixture f;

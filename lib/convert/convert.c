@@ -461,6 +461,102 @@ static const char *cstr(gguf_str s, char **buf, size_t *cap)
     return *buf;
 }
 
+/* ---- SentencePiece vocabularies: merges from scores
+ *
+ * A GGUF SentencePiece vocabulary has scores, no merges; `tokenizers` wants merges. As Hugging
+ * Face's converter does, every split of a piece into two pieces of the vocabulary (at character
+ * boundaries) is a merge, ranked by the piece's score, highest first (within a piece by the two
+ * halves' ids): BPE by rank then merges what llama.cpp's by-score merging does. */
+typedef struct spm_merge {
+    float score;
+    int32_t piece, l, r;
+} spm_merge;
+
+static int cmp_spm_merge(const void *pa, const void *pb)
+{
+    const spm_merge *a = pa, *b = pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    if (a->piece != b->piece) return a->piece < b->piece ? -1 : 1;
+    if (a->l != b->l) return a->l < b->l ? -1 : 1;
+    return (a->r > b->r) - (a->r < b->r);
+}
+
+/* The merges of vocabulary ts[0..nv) (scores sc): *out (malloc'd), *n of them; < 0 out of memory. */
+static int spm_merges(const tokenizer *tok, const gguf_str *ts, const float *sc, uint64_t nv, spm_merge **out,
+                      size_t *n)
+{
+    size_t cap = 0, cnt = 0;
+    spm_merge *v = NULL;
+    char piece[1024];
+    for (uint64_t i = 0; i < nv; i++) {
+        const size_t len = ts[i].len;
+        if (len < 2 || len >= sizeof piece || memchr(ts[i].ptr, 0, len)) continue;
+        memcpy(piece, ts[i].ptr, len);
+        piece[len] = 0;
+        for (size_t k = 1; k < len; k++) {
+            if (((unsigned char)piece[k] & 0xC0) == 0x80) continue;   /* inside a character */
+            const char c = piece[k];
+            piece[k] = 0;
+            const int l = tokenizer_find(tok, piece);
+            piece[k] = c;
+            const int r = l < 0 ? -1 : tokenizer_find(tok, piece + k);
+            if (r < 0) continue;
+            if (cnt == cap) {
+                spm_merge *g = realloc(v, (cap = cap ? 2 * cap : 1 << 16) * sizeof *v);
+                if (!g) return free(v), FASA_ENOMEM;
+                v = g;
+            }
+            v[cnt++] = (spm_merge){ sc ? sc[i] : 0, (int32_t)i, l, r };
+        }
+    }
+    qsort(v, cnt, sizeof *v, cmp_spm_merge);
+    *out = v, *n = cnt;
+    return 0;
+}
+
+static cJSON *replace_step(const char *from, const char *to)
+{
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "type", "Replace");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(r, "pattern"), "String", from);
+    cJSON_AddStringToObject(r, "content", to);
+    return r;
+}
+
+static cJSON *typed(const char *type)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    return o;
+}
+
+/* normalizer and decoder of a SentencePiece vocabulary (prepend: a "▁" before each piece) */
+static void spm_steps(cJSON *root, int prepend)
+{
+    cJSON *norm = replace_step(" ", "\u2581"), *dec = typed("Sequence"), *ds = cJSON_AddArrayToObject(dec, "decoders");
+    if (prepend) {
+        cJSON *seq = typed("Sequence"), *steps = cJSON_AddArrayToObject(seq, "normalizers"), *pre = typed("Prepend");
+        cJSON_AddStringToObject(pre, "prepend", "\u2581");
+        cJSON_AddItemToArray(steps, pre);
+        cJSON_AddItemToArray(steps, norm);
+        norm = seq;
+    }
+    cJSON_AddItemToArray(ds, replace_step("\u2581", " "));
+    cJSON_AddItemToArray(ds, typed("ByteFallback"));
+    cJSON_AddItemToArray(ds, typed("Fuse"));
+    if (prepend) {
+        cJSON *strip = typed("Strip");
+        cJSON_AddStringToObject(strip, "content", " ");
+        cJSON_AddNumberToObject(strip, "start", 1);
+        cJSON_AddNumberToObject(strip, "stop", 0);
+        cJSON_AddItemToArray(ds, strip);
+    }
+    cJSON_AddItemToObject(root, "normalizer", norm);
+    cJSON_AddNullToObject(root, "pre_tokenizer");
+    cJSON_AddNullToObject(root, "post_processor");
+    cJSON_AddItemToObject(root, "decoder", dec);
+}
+
 int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
 {
     const gguf_file *g = m->file;
@@ -484,24 +580,55 @@ int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
     if (ky && ky->type == GGUF_VT_ARRAY && ky->arr_n == nv) gguf_arr_i32(ky, types);
 
     const enum tokenizer_pre kind = tokenizer_pre_kind(m->tok);
+    const int spm = tokenizer_type(m->tok) == TOKENIZER_SPM;
+    int prepend = 1;
+    gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &prepend);
     cJSON_AddStringToObject(root, "version", "1.0");
     cJSON_AddNullToObject(root, "truncation");
     cJSON_AddNullToObject(root, "padding");
     cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
-    cJSON_AddNullToObject(root, "normalizer");
-    cJSON_AddItemToObject(root, "pre_tokenizer", pre_tokenizer(kind));
-    cJSON_AddNullToObject(root, "post_processor");
-    cJSON_AddItemToObject(root, "decoder", byte_level(1));
+    if (spm) {
+        spm_steps(root, prepend);
+    } else {
+        cJSON_AddNullToObject(root, "normalizer");
+        cJSON_AddItemToObject(root, "pre_tokenizer", pre_tokenizer(kind));
+        cJSON_AddNullToObject(root, "post_processor");
+        cJSON_AddItemToObject(root, "decoder", byte_level(1));
+    }
     cJSON *mo = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(mo, "type", "BPE");
     cJSON_AddNullToObject(mo, "dropout");
-    cJSON_AddNullToObject(mo, "unk_token");
+    uint64_t unk = nv;   /* SentencePiece: the first UNKNOWN token */
+    for (uint64_t i = 0; spm && i < nv && unk == nv; i++) unk = types[i] == 2 ? i : nv;
+    const char *us = unk < nv ? cstr(ts[unk], &buf, &cap) : NULL;
+    if (us) cJSON_AddStringToObject(mo, "unk_token", us);
+    else cJSON_AddNullToObject(mo, "unk_token");
     cJSON_AddNullToObject(mo, "continuing_subword_prefix");
     cJSON_AddNullToObject(mo, "end_of_word_suffix");
-    cJSON_AddFalseToObject(mo, "fuse_unk");
-    cJSON_AddFalseToObject(mo, "byte_fallback");
-    cJSON_AddBoolToObject(mo, "ignore_merges", kind == TOKENIZER_PRE_LLAMA3);
+    cJSON_AddBoolToObject(mo, "fuse_unk", spm);
+    cJSON_AddBoolToObject(mo, "byte_fallback", spm);
+    cJSON_AddBoolToObject(mo, "ignore_merges", kind == TOKENIZER_PRE_LLAMA3 && !spm);
     cJSON *vocab = cJSON_AddObjectToObject(mo, "vocab"), *merges = cJSON_AddArrayToObject(mo, "merges");
+    if (spm) {
+        /* as two-element arrays: SentencePiece pieces may hold spaces */
+        const gguf_kv *ks = gguf_find_kv(g, "tokenizer.ggml.scores");
+        float *sc = ks && ks->type == GGUF_VT_ARRAY && ks->arr_n == nv ? malloc(nv * sizeof *sc) : NULL;
+        spm_merge *mv = NULL;
+        size_t n_mv = 0;
+        if (sc && gguf_arr_f32(ks, sc) < 0) free(sc), sc = NULL;
+        rc = spm_merges(m->tok, ts, sc, nv, &mv, &n_mv);
+        free(sc);
+        if (rc < 0) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
+        for (size_t i = 0; i < n_mv && rc == 0; i++) {
+            cJSON *pair = cJSON_CreateArray();
+            const char *l = cstr(ts[mv[i].l], &buf, &cap);
+            cJSON_AddItemToArray(pair, cJSON_CreateString(l ? l : ""));
+            const char *r = cstr(ts[mv[i].r], &buf, &cap);
+            cJSON_AddItemToArray(pair, cJSON_CreateString(r ? r : ""));
+            cJSON_AddItemToArray(merges, pair);
+        }
+        free(mv);
+    }
     for (uint64_t i = 0; i < nv + nm; i++) {
         const char *s = cstr(ts[i], &buf, &cap);
         if (!s) {
@@ -509,19 +636,21 @@ int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
             goto out;
         }
         if (i >= nv) {
-            cJSON_AddItemToArray(merges, cJSON_CreateString(s));
+            if (!spm) cJSON_AddItemToArray(merges, cJSON_CreateString(s));
             continue;
         }
         cJSON_AddItemToObject(vocab, s, cJSON_CreateNumber((double)i));
-        if (types[i] == 3 || types[i] == 4) {   /* CONTROL: special; USER_DEFINED: plain, normalized */
+        /* CONTROL: special; USER_DEFINED: plain, normalized (SentencePiece, as llama.cpp matches
+         * them: UNKNOWN special too, and all on the raw text) */
+        if (types[i] == 3 || types[i] == 4 || (spm && types[i] == 2)) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", (double)i);
             cJSON_AddStringToObject(a, "content", s);
             cJSON_AddFalseToObject(a, "single_word");
             cJSON_AddFalseToObject(a, "lstrip");
             cJSON_AddFalseToObject(a, "rstrip");
-            cJSON_AddBoolToObject(a, "normalized", types[i] == 4);
-            cJSON_AddBoolToObject(a, "special", types[i] == 3);
+            cJSON_AddBoolToObject(a, "normalized", types[i] == 4 && !spm);
+            cJSON_AddBoolToObject(a, "special", types[i] != 4);
             cJSON_AddItemToArray(added, a);
         }
     }
@@ -547,7 +676,7 @@ int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
         cJSON_AddStringToObject(tc, "chat_template", s);
     cJSON_AddFalseToObject(tc, "clean_up_tokenization_spaces");
     cJSON_AddNumberToObject(tc, "model_max_length", m->cfg.n_ctx_train);
-    cJSON_AddStringToObject(tc, "tokenizer_class", "GPT2Tokenizer");
+    cJSON_AddStringToObject(tc, "tokenizer_class", spm ? "PreTrainedTokenizerFast" : "GPT2Tokenizer");
     if ((rc = write_json(dir, "tokenizer_config.json", tc, 1, err)) < 0) goto out;
     if (tokenizer_bos(m->tok) >= 0) cJSON_AddNumberToObject(gc, "bos_token_id", tokenizer_bos(m->tok));
     if (tokenizer_eos(m->tok) >= 0) cJSON_AddNumberToObject(gc, "eos_token_id", tokenizer_eos(m->tok));

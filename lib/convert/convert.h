@@ -71,7 +71,10 @@ void convert_row_map(const model *m, int layer, int kv_head, const int16_t *orde
 
 /* tokenizer.json (+ tokenizer_config.json and generation_config.json) in dir, built from a GGUF
  * model's tokenizer.ggml.* arrays: byte-level BPE with the pre-tokenizer its "pre" name implies,
- * CONTROL tokens as special added tokens, USER_DEFINED as plain ones. */
+ * CONTROL tokens as special added tokens, USER_DEFINED as plain ones; or, for a SentencePiece
+ * vocabulary ("llama"), BPE with byte fallback whose merges are every split of a piece into two
+ * pieces ranked by the piece's score (as transformers' converter writes them), the prefix "▁" a
+ * Prepend normalizer when add_space_prefix is set, UNKNOWN and CONTROL tokens special. */
 int convert_gguf_tokenizer(const model *m, const char *dir, char *err);
 
 #endif
