@@ -59,6 +59,7 @@ static const char usage_text[] =
     "      --tip T           speed: what fasa-c and fasa-m's TIP reads, as 'fasa run --tip': q4\n"
     "                        (default), group, union\n"
     "      --per-head        speed: the same as --tip union (older name)\n"
+    "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
     "      --steps M         decode steps (default 256)\n"
     "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
     "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
@@ -181,6 +182,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
 /* TEXT files (or the defaults) as token ids: returns the count (ids and text owned by the
  * caller), or -1 after saying why. */
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
+static long rerank = -1;       /* --rerank (speed) */
 
 static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
 {
@@ -212,6 +214,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     if (fill > 0) cfg.n_fill = fill;
     cfg.kv_f16 = kv_f16;
     cfg.tip = tip;
+    cfg.rerank = (int)rerank;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];
@@ -366,6 +369,7 @@ int cmd_bench(int argc, char **argv)
         { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
+        { "rerank", required_argument, 0, 'x' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -400,6 +404,7 @@ int cmd_bench(int argc, char **argv)
                 return die_usage("--tip '%s' is not one of q4, group, union", optarg);
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
+        case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;

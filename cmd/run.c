@@ -45,6 +45,8 @@ static const char usage_text[] =
     "                        (faster to score, less accurate on long text); union: each head's own\n"
     "                        chunks in an f16 block of the union. README, Accuracy\n"
     "      --per-head        the same as --tip union (older name)\n"
+    "      --rerank R        fasa: TIP picks R times the tokens it chooses and their exact scores\n"
+    "                        (the whole keys) keep the best (0 or 1: off)\n"
     "      --exact           every weight product in f32 over dequantised rows (activations not\n"
     "                        rounded to integers as the fast kernels do; slower): what an f32\n"
     "                        reference on the dequantised weights computes (make verify)\n"
@@ -78,7 +80,7 @@ static const char usage_text[] =
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_EXACT, OPT_KV_TYPE, OPT_DENSE_LIST,
-       OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS };
+       OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -98,6 +100,7 @@ static const struct option long_opts[] = {
     { "exact", no_argument, 0, OPT_EXACT },
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
+    { "rerank", required_argument, 0, OPT_RERANK },
     { "target-mass", required_argument, 0, OPT_MASS },
     { 0, 0, 0, 0 },
 };
@@ -207,6 +210,10 @@ int cmd_run(int argc, char **argv)
             so.tip = tip;
             break;
         }
+        case OPT_RERANK:
+            if (parse_int("--rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
+            so.rerank = (int)v;
+            break;
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_EXACT: so.exact = 1; break;
         case OPT_KV_COLD: so.kv_cold = optarg; break;

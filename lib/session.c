@@ -167,6 +167,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     if (o->n_sink >= 0) po->n_sink = o->n_sink;
     if (o->n_recent >= 0) po->n_recent = o->n_recent;
     po->tip_bits = o->tip == FASA_TIP_Q4 && !o->group ? 4 : 0;
+    po->rerank = o->rerank;
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;

@@ -68,6 +68,7 @@ typedef struct session_opts {
     int n_sink, n_recent;      /* forced tokens within the budget (-1: the policy's defaults) */
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
+    int rerank;                /* > 1: TIP picks rerank times N - forced tokens, exact scores keep the best */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
     int exact;                 /* every weight product in f32, x not rounded (ops_exact) */
     /* the KV cache */

@@ -295,7 +295,7 @@ Test(attention, tip_with_all_chunks_is_the_oracle)
     float *S = malloc(sizeof(float) * 200);
     uint64_t *K = malloc(sizeof(uint64_t) * 200);
     int32_t a[200], b[200], c[200];
-    policy_scratch sc = { S, K, NULL };
+    policy_scratch sc = { S, K, NULL, NULL };
     int same = 0, total = 0, mid_same = 0, mid_total = 0;
     for (int l = 0; l < e.m->cfg.n_layer; l++)
         for (int h = 0; h < e.m->cfg.n_head; h++) {
@@ -348,7 +348,7 @@ Test(attention, baseline_selections_keep_their_promises)
     float S[200];
     uint64_t K[200];
     int32_t idx[200];
-    policy_scratch sc = { S, K, NULL };
+    policy_scratch sc = { S, K, NULL, NULL };
     const float *q_tok = s->q + (size_t)63 * e.m->cfg.n_head * e.m->cfg.d_head;
     const int pos = 191, N = 40;
     for (int k = POLICY_ORACLE; k < POLICY_COUNT; k++) {
@@ -583,6 +583,55 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
     }
     policy_free(&pol);
     policy_free(&exact);
+    env_close(&e);
+}
+
+/* Rerank (policy_opts.rerank): when TIP's picks cover every row between the forced ones, their
+ * exact scores choose as exact keys do, on the fused decode step and on the per-query path
+ * alike; without rerank the 4-bit TIP chooses otherwise, so the test can tell. */
+Test(attention, rerank_of_every_row_selects_as_exact_keys, .timeout = 60)
+{
+    env e;
+    env_open(&e, 48);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    policy pol[3];
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.tip_bits = 4, o.rerank = 100;
+    cr_assert_eq(policy_init(&pol[0], e.m, &o, err), 0, "%s", err);
+    o.rerank = 0;
+    cr_assert_eq(policy_init(&pol[1], e.m, &o, err), 0, "%s", err);
+    o.tip_bits = 0, o.fcs = e.m->cfg.d_head / 2;
+    cr_assert_eq(policy_init(&pol[2], e.m, &o, err), 0, "%s", err);
+    const attn_obs watch = { .on_query = noop_query };
+    ops_threads_adaptive(0);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        omp_set_num_threads(nt);
+        float *out[4];
+        for (int k = 0; k < 4; k++) {   /* rerank fused, rerank per query, q4 alone, exact keys */
+            policy *pk = &pol[k < 2 ? 0 : k - 1];
+            kv_opts ko = { .f16 = 1 };
+            if (k < 3) policy_kv_opts(pk, &ko);
+            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
+            cr_assert_not_null(s, "%s", err);
+            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+            cr_assert_eq(attention_use_policy(s, pk, 200, err), 0, "%s", err);
+            s->obs = k == 1 ? &watch : NULL;
+            out[k] = malloc(sizeof(float) * 40 * V);
+            for (int i = 200; i < 240; i++) {
+                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+            }
+            run_state_free(s);
+        }
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query rerank differ (%g)", nt,
+                      max_rel(out[0], out[1], 40 * V));
+        cr_expect_leq(max_rel(out[1], out[3], 40 * V), 1e-4, "%d threads: rerank and exact keys differ (%g; step %d)",
+                      nt, max_rel(out[1], out[3], 40 * V), first_diff(out[1], out[3], 40, V));
+        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 alone selected as exact keys do", nt);
+        for (int k = 0; k < 4; k++) free(out[k]);
+    }
+    for (int k = 0; k < 3; k++) policy_free(&pol[k]);
     env_close(&e);
 }
 

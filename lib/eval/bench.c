@@ -32,11 +32,12 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (rc < 0) return rc;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
+        if (v.o.rerank) out->o.rerank = v.o.rerank;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
-    int auto_min = 64;
+    int auto_min = 64, rerank = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
@@ -70,6 +71,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
             auto_mass = (float)(v / 100);
         }
         else if (!strncmp(dash, "-min", 4) && dash[4] >= '0' && dash[4] <= '9') auto_min = atoi(dash + 4);
+        else if (dash[1] == 'x' && dash[2] >= '2' && dash[2] <= '9' && !dash[3]) rerank = dash[2] - '0';
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
@@ -91,6 +93,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.tip_bits = tip_bits;
     out->o.auto_mass = auto_mass;
     out->o.auto_min = auto_min;
+    out->o.rerank = rerank;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     if (sink >= 0) out->o.n_sink = sink;
@@ -152,7 +155,8 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
         for (int b = 0; b < cfg->n_k; b++) {
             const int K_ = cfg->ks[b];
             const int k = K_ < t ? K_ : t;
-            policy_scratch sc = { c->score[tid], c->keys[tid] + 2 * (size_t)c->n_ctx + 256, NULL };
+            policy_scratch sc = { c->score[tid], c->keys[tid] + 2 * (size_t)c->n_ctx + 256, NULL,
+                                  (float *)(c->keys[tid] + 3 * (size_t)c->n_ctx + 256) };
             int n = policy_select(&c->pol[p], s, c->st, layer, head, pos, q_tok, K_, c->idx[tid], &sc);
             int inter = 0;
             double held = 0;
@@ -199,7 +203,7 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
         c.full[t] = malloc(sizeof(float) * n);
         c.prob[t] = malloc(sizeof(float) * n);
         c.bucket[t] = malloc(n);
-        c.keys[t] = malloc(sizeof(uint64_t) * (3 * (size_t)n + 256));
+        c.keys[t] = malloc(sizeof(uint64_t) * (5 * (size_t)n + 256));   /* + rerank's 3 n floats */
         c.idx[t] = malloc(sizeof(int32_t) * n);
         c.score[t] = malloc(sizeof(float) * n);
         ok = c.full[t] && c.prob[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];

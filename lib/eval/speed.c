@@ -32,6 +32,7 @@ speed_cfg speed_defaults(void)
     c.steps = 16;
     c.repeats = 5;
     c.n_fill = 512;
+    c.rerank = -1;
     return c;
 }
 
@@ -131,6 +132,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
     session_opts so = session_defaults();
     so.budget = cfg->budget, so.fcs = fcs, so.tip = cfg->tip, so.kv_cold = cfg->cold_dir;
+    if (cfg->rerank >= 0) so.rerank = cfg->rerank;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
         if (fcs < 1 || 2 * fcs >= c->d_head)

@@ -28,6 +28,7 @@ typedef struct speed_cfg {
     const char *cold_dir;         /* fasa-m's cold tier */
     int kv_f16;                   /* KV rows as f16 (else f32) */
     int tip;                      /* fasa: what TIP reads (enum fasa_tip, session.h; 0: the default) */
+    int rerank;                   /* fasa: session_opts.rerank (-1: the default) */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction (0: measured
                                    * in the run, speed_read_bandwidth) */
     void (*progress)(void *ctx, int done, int total);

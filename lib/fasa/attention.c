@@ -219,7 +219,8 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
         if (p && pos >= s->sparse_from) {
             idx = p->idx + (size_t)tid * p->n_ctx;
             policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
-                                  tip ? p->tip + (size_t)h * p->tip_ld : NULL };
+                                  tip ? p->tip + (size_t)h * p->tip_ld : NULL,
+                                  p->rr ? p->rr + (size_t)tid * 3 * p->n_ctx : NULL };
             n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, p->o.budget, idx, &sc);
             if (n_sel >= 0) policy_count(p, tid, n_sel);
             /* TIP's bytes: the block once per KV group when the group scored together */
@@ -280,7 +281,7 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
     if (tip_block_ok(m, s) && !s->obs && !s->stats && !(p->o.auto_mass > 0) &&
         policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        const int mid = p->o.budget - lo - (t1 - hi);
+        const int mid = (p->o.budget - lo - (t1 - hi)) * (p->o.rerank > 1 ? p->o.rerank : 1);
         if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)
             return ATTN_FASA_DECODE;
     }
@@ -318,7 +319,8 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
         policy_forced(&p->o, t1, p->o.budget, &lo, &hi);
         const float *tq = fasa_tip_queries(m, s, l, &ldq);
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        fasa_decode(m, s, l, lo, hi, p->o.budget - lo - (t1 - hi), tq, ldq, threads);
+        const int mid = p->o.budget - lo - (t1 - hi), rr = p->o.rerank > 1 ? p->o.rerank : 1;
+        fasa_decode(m, s, l, lo, hi, mid * rr < hi - lo ? mid * rr : hi - lo, mid, tq, ldq, threads);
         return 0;
     }
     case ATTN_PER_QUERY: {

@@ -56,6 +56,8 @@ typedef struct policy_opts {
                               * scores its group's top F chunks (the block), selecting per head;
                               * 2, every head its own top F chunks, inside a block that holds the
                               * union of its group's (keys_order_union) */
+    int rerank;              /* fasa, > 1: TIP picks rerank times the tokens it chooses, and the exact
+                              * scores of those (the whole keys) keep the best */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */
@@ -80,6 +82,7 @@ typedef struct policy {
     int tip_ld;              /* n_ctx + 16: rows n_ctx floats apart fell on the same cache sets,
                               * and TIP then streamed at a third of its bandwidth in some runs */
     float *tipq;             /* fasa, block 2: (n_head, d_head) each head's query on its own chunks */
+    float *rr;               /* fasa with rerank: (n_threads, 3 n_ctx) its scratch */
     uint64_t *n_sel;         /* (n_threads, 8) tokens selected, selections made (policy_selected) */
     uint64_t *cand;          /* fasa decode: (threads, n_head, mid) each thread's picks per head */
     size_t cand_cap;
@@ -104,6 +107,7 @@ typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
+    float *rr;               /* fasa with rerank: (3 n_ctx) */
 } policy_scratch;
 
 /* The tokens a selection of `budget` among t forces in: attention sinks [0, *lo) and the recent
@@ -131,6 +135,12 @@ void policy_free(policy *p);
 int  policy_reserve(policy *p, int n_ctx, int n_threads, char *err);
 /* Room for `threads` threads' picks of mid tokens per head (FASA's decode step); 0 or < 0. */
 int  policy_reserve_picks(policy *p, int threads, int mid);
+
+/* TIP's candidates reranked (policy_opts.rerank): the best want of the m rows cand (ascending) of
+ * KV head g by their exact scores against q (the whole keys), kept ascending in place. E: 3 m
+ * floats of scratch, keys: m. Returns min(want, m). */
+int policy_rerank(const struct kvcache *kv, int layer, int g, const float *q, int32_t *cand, int m, int want,
+                  float *E, uint64_t *keys);
 /* Mean tokens a sparse query attended to since policy_reserve or the last call (0: none), and
  * the count of them into *n when n is given; resets the tally. */
 double policy_selected(policy *p, uint64_t *n);

@@ -40,9 +40,11 @@ void attn_merge(const model *m, run_state *s, int P);
 uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz);
 
 /* FASA decode over split keys, layer l, forced rows [0, lo) and [hi, t): TIP, selection and
- * focused attention in one parallel region (fasa_decode.c says how). tq: the heads' queries on
- * the dominant block, ldq apart. */
-void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq, int threads);
+ * focused attention in one parallel region (fasa_decode.c says how). TIP picks mid rows per head;
+ * when that is more than keep (policy_opts.rerank), their exact scores keep the best keep.
+ * tq: the heads' queries on the dominant block, ldq apart. */
+void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, int keep, const float *tq, int ldq,
+                 int threads);
 /* TIP of one decode query over the dominant block for every head, into p->tip (the per-query
  * path then selects from it). */
 void fasa_tip_all(const model *m, run_state *s, int l, const float *tq, int ldq);

@@ -69,7 +69,7 @@ static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, 
 
 /* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
  * n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
-static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int nt)
+static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int keep, int nt)
 {
     const int H = m->cfg.n_head, t1 = s->n_past + 1, tid = omp_get_thread_num();
     policy *p = s->policy;
@@ -89,11 +89,19 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
         else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
     }
     if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
+    if (k > keep && p->rr) {   /* rerank: the exact scores of TIP's picks keep the best */
+        if (rows != idx) memcpy(idx, rows, sizeof *idx * k);
+        s->bytes_kv[8 * tid] += (uint64_t)(k - keep) * m->cfg.d_head * kvcache_esz(&s->kv);
+        k = policy_rerank(&s->kv, l, it / (H / m->cfg.n_kv_head), s->q + (size_t)it * m->cfg.d_head, idx, k, keep,
+                          p->rr + (size_t)tid * 3 * p->n_ctx, keys);
+        rows = idx;
+    }
     attn_chosen(m, s, l, it, rows, k);
     policy_count(p, tid, k + lo + (t1 - hi));
 }
 
-void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, const float *tq, int ldq, int threads)
+void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, int keep, const float *tq, int ldq,
+                 int threads)
 {
     const model_config *c = &m->cfg;
     policy *p = s->policy;
@@ -132,11 +140,12 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, c
          * here (its picks are in this core's cache); the rest, the recent windows first, then the
          * cut heads, the sinks last, go to whichever thread is free */
         for (int h = 0; h < H; h++)
-            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, nt);
+            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt);
 #pragma omp for schedule(dynamic, 1) nowait
         for (int j = 0; j < G + H + G; j++) {
             if (j >= G && j < G + H && tip_owner((j - G) / grp, nt, G, lo, hi) >= 0) continue;
-            fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, nt);
+            fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
+                      nt);
         }
     }
     attn_merge(m, s, 3);

@@ -139,7 +139,8 @@ void policy_free(policy *p)
     free(p->n_sel);
     p->n_sel = NULL;
     free(p->dom); free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq);
-    free(p->cand); free(p->cand_n);
+    free(p->cand); free(p->cand_n); free(p->rr);
+    p->rr = NULL;
     p->dom = NULL, p->idx = NULL, p->score = NULL, p->keys = NULL, p->tip = p->tipq = NULL;
     p->cand = NULL, p->cand_n = NULL, p->cand_cap = 0, p->n_ctx = p->n_threads = 0;
 }
@@ -152,8 +153,9 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     if (n_threads < p->n_threads) n_threads = p->n_threads;
     const size_t tn = (size_t)n_threads * n_ctx;
     const int fasa = p->o.kind == POLICY_FASA;
-    free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq); free(p->cand_n);
+    free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq); free(p->cand_n); free(p->rr);
     p->idx = malloc(tn * sizeof *p->idx);
+    p->rr = fasa && p->o.rerank > 1 ? malloc(3 * tn * sizeof *p->rr) : NULL;
     p->score = malloc(tn * sizeof *p->score);
     p->keys = malloc(tn * sizeof *p->keys);
     p->tip_ld = n_ctx + 16;
@@ -163,7 +165,8 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     free(p->n_sel);
     p->n_sel = calloc((size_t)n_threads * 8, sizeof *p->n_sel);
     p->n_ctx = n_ctx, p->n_threads = n_threads;
-    if (!p->idx || !p->score || !p->keys || !p->cand_n || !p->n_sel || (fasa && (!p->tip || !p->tipq))) {
+    if (!p->idx || !p->score || !p->keys || !p->cand_n || !p->n_sel || (fasa && (!p->tip || !p->tipq)) ||
+        (fasa && p->o.rerank > 1 && !p->rr)) {
         p->n_ctx = p->n_threads = 0;
         return fasa_error(err, FASA_ENOMEM, "out of memory for selecting among %d tokens", n_ctx);
     }
@@ -306,6 +309,24 @@ static int auto_count(const float *S, int t, int lo, int hi, float scale, float 
     return k;
 }
 
+/* The best want of the m candidate rows cand (ascending) by their exact scores against q (the
+ * whole keys), kept ascending in place; E: 3 m floats of scratch, keys: m. Returns want. */
+int policy_rerank(const kvcache *kv, int layer, int g, const float *q, int32_t *cand, int m, int want, float *E,
+                  uint64_t *keys)
+{
+    const int d = kv->d_head, ns = kv->n_split;
+    float *T = E + m;
+    int32_t *pick = (int32_t *)(E + 2 * m);
+    kvcache_scores(kv, KV_KEYS, layer, g, 0, cand, m, q, 1, d, 1.0f, E, m);
+    if (ns) {
+        kvcache_scores(kv, KV_REST, layer, g, 0, cand, m, q + ns, 1, d, 1.0f, T, m);
+        for (int i = 0; i < m; i++) E[i] += T[i];
+    }
+    const int k = topk_indices(E, m, want, pick, keys);
+    for (int j = 0; j < k; j++) cand[j] = cand[pick[j]];   /* pick[j] >= j: in place */
+    return k;
+}
+
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
 {
     const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
@@ -420,9 +441,12 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const int room = policy_forced(o, t, budget, &lo, &hi);
     const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
     if (o->kind != POLICY_STREAM && room) {
-        const int m = topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx + lo, sc->sel);
+        const int want = budget - lo - (t - hi);
+        const int rr = o->kind == POLICY_FASA && o->rerank > 1 ? o->rerank : 1;
+        int m = topk_indices(S + lo, hi - lo, want * rr, idx + lo, sc->sel);
         for (int i = 0; i < lo; i++) idx[i] = i;
         for (int j = lo; j < lo + m; j++) idx[j] += lo;
+        if (m > want && sc->rr) m = policy_rerank(kv, layer, g, q, idx + lo, m, want, sc->rr, sc->sel);
         for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
         return lo + m + (t - hi);
     }
