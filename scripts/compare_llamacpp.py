@@ -140,7 +140,7 @@ def main():
         f"top-1 {100 * top1:.2f}% over {kl.size} positions; max |dlogit| {res['max_abs_logit_diff_rel']:.2e} of max")
     ok = res["kl_mean"] <= 0.005 and top1 >= 0.99
     fa = llama_cpp.Llama(model_path=a.model, n_ctx=4096, n_batch=512, n_threads=a.threads, flash_attn=True,
-                         verbose=False)
+                         logits_all=True, verbose=False)
     res["control"] = []
     for p in PROMPTS:
         pids = chat_ids(a.fasa, a.model, p)

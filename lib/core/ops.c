@@ -304,6 +304,42 @@ scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K,
         }
 }
 
+#ifdef __AVX512F__
+#define KV_LOAD16(row, c, h16)                                                                     \
+    ((h16) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(row) + (c)))) \
+           : _mm512_loadu_ps((const float *)(row) + (c)))
+
+/* Eight key rows from k0 (rb bytes apart) against NQ queries (at most 3), d a multiple of 16:
+ * 8 NQ accumulators of 16 lanes, each key load used NQ times, one transpose-reduce per query. */
+static inline __attribute__((always_inline)) void
+scores_8xq512(float *S, int lds, const char *k0, size_t rb, const float *Q, int ldq, int d, const int NQ,
+              const int h16)
+{
+    __m512 a[3][8];
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) a[i][r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        __m512 q[3];
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++) q[i] = _mm512_loadu_ps(Q + (size_t)i * ldq + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m512 k = KV_LOAD16(k0 + r * rb, c, h16);
+#pragma GCC unroll 3
+            for (int i = 0; i < NQ; i++) a[i][r] = _mm512_fmadd_ps(q[i], k, a[i][r]);
+        }
+    }
+#define HALF(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+        _mm256_storeu_ps(S + (size_t)i * lds, hsum8x256(HALF(a[i][0]), HALF(a[i][1]), HALF(a[i][2]), HALF(a[i][3]),
+                                                        HALF(a[i][4]), HALF(a[i][5]), HALF(a[i][6]), HALF(a[i][7])));
+#undef HALF
+}
+#endif
+
 static inline __attribute__((always_inline)) void
 scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
                   const int h16)
@@ -311,7 +347,23 @@ scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void
     if (d == 16) { scores_narrow(S, lds, Q, nq, ldq, K, t, 16, scale, h16); return; }
     if (d % 8 == 0 && d <= 48) { scores_narrow(S, lds, Q, nq, ldq, K, t, d, scale, h16); return; }
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
-    for (int j = 0; j < t; j += 4) {
+    int j0 = 0;
+#ifdef __AVX512F__
+    /* wide rows (d = 64, 128): eight keys by up to three queries in zmm registers */
+    if (d % 16 == 0)
+        for (; j0 + 8 <= t; j0 += 8) {
+            const char *k0 = kv_row(K, NULL, j0, d, h16);
+            if (j0 + 8 + KV_AHEAD_ROWS(rb) < t) prefetch_bytes(k0 + KV_AHEAD_ROWS(rb) * rb, 8 * rb);
+            for (int i = 0; i < nq; i += 3) {
+                float *Si = S + (size_t)i * lds + j0;
+                const float *Qi = Q + (size_t)i * ldq;
+                if (nq - i >= 3) scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 3, h16);
+                else if (nq - i == 2) scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 2, h16);
+                else scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 1, h16);
+            }
+        }
+#endif
+    for (int j = j0; j < t; j += 4) {
         const int nr = t - j < 4 ? t - j : 4;
         const void *kr[4];
         for (int r = 0; r < 4; r++) kr[r] = kv_row(K, NULL, j + (r < nr ? r : nr - 1), d, h16);
@@ -433,10 +485,82 @@ accum_3q(float *const o[4], const float *const p[4], const void *V, int n, int d
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(o[q] + c + 8 * k, a[q][k]);
 }
 
+#ifdef __AVX512F__
+/* NQ queries (at most 6) over value rows 0..n, 64 columns from c: 4 NQ accumulators of 16
+ * lanes, each value load used NQ times; d / 64 passes over the rows for the whole group, where
+ * accum_4q takes d / 16 passes for every four queries (a 1.5B model's groups of six, d = 128:
+ * 2 passes instead of 16, and no queries repeated to fill a tile). */
+static inline __attribute__((always_inline)) void
+accum_nq512(float *const o[8], const float *const p[8], const void *V, int n, int d, int c, const int NQ, const int h16)
+{
+    __m512 a[6][4];
+#pragma GCC unroll 6
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) a[q][k] = _mm512_setzero_ps();
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    const char *v = (const char *)V + (size_t)c * (h16 ? 2 : 4);
+    for (int j = 0; j < n; j++, v += rb) {
+        if (c == 0 && j + KV_AHEAD_ROWS(rb) < n) __builtin_prefetch(v + KV_AHEAD_ROWS(rb) * rb, 0, 0);
+        __m512 vk[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) vk[k] = KV_LOAD16(v, 16 * k, h16);
+#pragma GCC unroll 6
+        for (int q = 0; q < NQ; q++) {
+            const __m512 pq = _mm512_set1_ps(p[q][j]);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) a[q][k] = _mm512_fmadd_ps(pq, vk[k], a[q][k]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) _mm512_storeu_ps(o[q] + c + 16 * k, a[q][k]);
+}
+
+/* Queries i.. (up to six) of accum_multi_fast: rows to the shortest one's length for all of
+ * them, the rest one query at a time. */
+static void accum_group512(float *O, int ldo, const float *P, int i, int nout, const int *len, const void *V, int t,
+                           int d, const int h16)
+{
+    float *o[8];
+    const float *p[8];
+    int lo = t;
+    for (int q = 0; q < nout; q++) {
+        o[q] = O + (size_t)(i + q) * ldo;
+        p[q] = P + (size_t)(i + q) * t;
+        const int l = len ? len[i + q] : t;
+        if (l < lo) lo = l;
+    }
+    for (int c = 0; c < d; c += 64) switch (nout) {
+        case 1: accum_nq512(o, p, V, lo, d, c, 1, h16); break;
+        case 2: accum_nq512(o, p, V, lo, d, c, 2, h16); break;
+        case 3: accum_nq512(o, p, V, lo, d, c, 3, h16); break;
+        case 4: accum_nq512(o, p, V, lo, d, c, 4, h16); break;
+        case 5: accum_nq512(o, p, V, lo, d, c, 5, h16); break;
+        default: accum_nq512(o, p, V, lo, d, c, 6, h16); break;
+        }
+    for (int q = 0; q < nout; q++) {
+        const int l = len ? len[i + q] : t;
+        for (int j = lo; j < l; j++) {
+            const void *v = kv_row(V, NULL, j, d, h16);
+            if (!h16) { ops_axpy(o[q], p[q][j], v, d); continue; }
+            for (int cc = 0; cc < d; cc++) o[q][cc] += p[q][j] * KV_AT(v, cc, 1);
+        }
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void
 accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, const void *V, int t, int d,
                  const int h16)
 {
+#ifdef __AVX512F__
+    if (d % 64 == 0 && nq != 3) {   /* groups of three keep accum_3q (32 columns, ymm) */
+        for (int i = 0; i < nq; i += 6) accum_group512(O, ldo, P, i, nq - i < 6 ? nq - i : 6, len, V, t, d, h16);
+        return;
+    }
+#endif
     for (int i = 0; i < nq; i += 4) {
         const int nout = nq - i < 4 ? nq - i : 4;
         float *o[4];
