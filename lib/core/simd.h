@@ -36,6 +36,11 @@ static inline float f16_scalar(const uint8_t *p)
 #define KV_LOAD8(row, c, h16)                                                                   \
     ((h16) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(row) + (c)))) \
            : _mm256_loadu_ps((const float *)(row) + (c)))
+#ifdef __AVX512F__
+#define KV_LOAD16(row, c, h16)                                                                     \
+    ((h16) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(row) + (c)))) \
+           : _mm512_loadu_ps((const float *)(row) + (c)))
+#endif
 #define KV_AT(row, c, h16) ((h16) ? _cvtsh_ss(((const uint16_t *)(row))[c]) : ((const float *)(row))[c])
 
 static inline float hsum256(__m256 v)
