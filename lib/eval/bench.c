@@ -305,10 +305,13 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
 {
     const int M = cfg->steps > 0 ? cfg->steps : 256, V = m->cfg.n_vocab;
     int rc = 0, done = 0, total = cfg->n_ctx * cfg->n_policy * cfg->n_budget;
+    for (int ci = 0; ci < cfg->n_ctx; ci++) {   /* every context checked before the first runs */
+        const int C = cfg->contexts[ci];
+        if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
+        if (C - M < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
+    }
     for (int ci = 0; ci < cfg->n_ctx; ci++) {
         const int C = cfg->contexts[ci], P = C - M;
-        if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
-        if (P < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
         run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
         if (!s) return FASA_ENOMEM;
         attn_stats st;
