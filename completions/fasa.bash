@@ -75,10 +75,10 @@ _fasa()
         opts="--model --mode --profile --budget --fcs --dense-layers --sinks --recent --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
               --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --dense
-              --tip --target-mass --exact --help"
+              --tip --target-mass --exact --rerank --help"
         argopts="-m --model --mode -p --profile --budget --fcs --dense-layers --sinks --recent -n --n-predict --temp --top-k
                  --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type --dense
-                 --tip --target-mass"
+                 --tip --target-mass --rerank"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
         --mode) COMPREPLY=( $(compgen -W "full fasa-c fasa-m" -- "$cur") ); return 0 ;;
@@ -126,9 +126,9 @@ _fasa()
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
-              --tip --samples --tasks --quick --ids --help"
+              --tip --samples --tasks --quick --ids --rerank --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids"
+                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;
