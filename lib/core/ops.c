@@ -622,7 +622,7 @@ accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, cons
                  const int h16)
 {
 #ifdef __AVX512F__
-    if (d % 64 == 0 && nq != 3) {   /* groups of three keep accum_3q (32 columns, ymm) */
+    if (d % 64 == 0) {
         for (int i = 0; i < nq; i += 6) accum_group512(O, ldo, P, i, nq - i < 6 ? nq - i : 6, len, V, t, d, h16);
         return;
     }
