@@ -619,7 +619,7 @@ int convert_gguf_tokenizer(const model *m, const char *dir, char *err)
         rc = spm_merges(m->tok, ts, sc, nv, &mv, &n_mv);
         free(sc);
         if (rc < 0) { rc = fasa_error(err, FASA_ENOMEM, "out of memory"); goto out; }
-        for (size_t i = 0; i < n_mv && rc == 0; i++) {
+        for (size_t i = 0; i < n_mv; i++) {
             cJSON *pair = cJSON_CreateArray();
             const char *l = cstr(ts[mv[i].l], &buf, &cap);
             cJSON_AddItemToArray(pair, cJSON_CreateString(l ? l : ""));

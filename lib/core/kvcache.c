@@ -249,7 +249,14 @@ void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val
 
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n)
 {
-    for (enum kv_part p = kv->n_split ? KV_REST : KV_VALUES; p <= KV_VALUES; p++) {
+    kvcache_prefetch_parts(kv, kv->n_split ? KV_REST : KV_VALUES, KV_VALUES, layer, head, idx, n);
+}
+
+void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part last, int layer, int head,
+                            const int32_t *idx, int n)
+{
+    for (enum kv_part p = first; p <= last; p++) {
+        if (p == KV_REST && !kv->n_split) continue;
         const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
         const char *base = kvcache_rows(kv, p, layer, head);
         for (int j = 0; j < n; j++) {

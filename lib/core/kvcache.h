@@ -129,6 +129,9 @@ const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, floa
  * so that focused attention's gathers from them (from memory, or FASA-M's cold tier) overlap
  * with scoring the dominant block, which TIP has just read. A hint: no effect on results. */
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n);
+/* The same for parts first..last (a part the cache does not have is skipped). */
+void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part last, int layer, int head,
+                            const int32_t *idx, int n);
 /* Stores key row `key` / value row `val` (d_head floats) at position i. */
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key);
 void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val);

@@ -162,6 +162,32 @@ attn_accum_fast(float *out, const float *p, const void *V, const int32_t *idx, i
 }
 
 #ifdef __AVX512F__
+/* Eight key rows k[0..7] against NQ queries (at most 3, ldq apart), d a multiple of 16: 8 NQ
+ * accumulators of 16 lanes, each key load used NQ times, one transpose-reduce per query; the
+ * eight dot products of query i go to S + i lds. */
+static inline __attribute__((always_inline)) void
+dot8xq512(float *S, int lds, const void *const k[8], const float *Q, int ldq, int d, const int NQ, const int h16)
+{
+    __m512 a[3][8];
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) a[i][r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        __m512 q[3];
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++) q[i] = _mm512_loadu_ps(Q + (size_t)i * ldq + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m512 kv = KV_LOAD16(k[r], c, h16);
+#pragma GCC unroll 3
+            for (int i = 0; i < NQ; i++) a[i][r] = _mm512_fmadd_ps(q[i], kv, a[i][r]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++) _mm256_storeu_ps(S + (size_t)i * lds, hsum8x512(a[i]));
+}
+
 /* d a multiple of 64 (64, 128): eight keys at a time in zmm registers, half the instructions of
  * attn_scores_fast; the tail there. */
 static inline __attribute__((always_inline)) void
@@ -174,19 +200,8 @@ attn_scores_512(float *s, const float *q, const void *K, const int32_t *idx, int
         const void *k[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) k[j] = kv_row(K, idx, i + j, d, h16);
-        __m512 a[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-        for (int c = 0; c < d; c += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + c);
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) a[j] = _mm512_fmadd_ps(qv, KV_LOAD16(k[j], c, h16), a[j]);
-        }
-#define HALF(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
-        _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, hsum8x256(HALF(a[0]), HALF(a[1]), HALF(a[2]), HALF(a[3]),
-                                                             HALF(a[4]), HALF(a[5]), HALF(a[6]), HALF(a[7]))));
-#undef HALF
+        dot8xq512(s + i, 0, k, q, 0, d, 1, h16);
+        _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, _mm256_loadu_ps(s + i)));
     }
     if (i < t) attn_scores_fast(s + i, q, idx ? K : kv_row(K, NULL, i, d, h16), idx ? idx + i : NULL, t - i, d, scale,
                                 h16);
@@ -374,37 +389,6 @@ scores_narrow(float *S, int lds, const float *Q, int nq, int ldq, const void *K,
         }
 }
 
-#ifdef __AVX512F__
-/* Eight key rows from k0 (rb bytes apart) against NQ queries (at most 3), d a multiple of 16:
- * 8 NQ accumulators of 16 lanes, each key load used NQ times, one transpose-reduce per query. */
-static inline __attribute__((always_inline)) void
-scores_8xq512(float *S, int lds, const char *k0, size_t rb, const float *Q, int ldq, int d, const int NQ,
-              const int h16)
-{
-    __m512 a[3][8];
-#pragma GCC unroll 3
-    for (int i = 0; i < NQ; i++)
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) a[i][r] = _mm512_setzero_ps();
-    for (int c = 0; c < d; c += 16) {
-        __m512 q[3];
-#pragma GCC unroll 3
-        for (int i = 0; i < NQ; i++) q[i] = _mm512_loadu_ps(Q + (size_t)i * ldq + c);
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            const __m512 k = KV_LOAD16(k0 + r * rb, c, h16);
-#pragma GCC unroll 3
-            for (int i = 0; i < NQ; i++) a[i][r] = _mm512_fmadd_ps(q[i], k, a[i][r]);
-        }
-    }
-#define HALF(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
-#pragma GCC unroll 3
-    for (int i = 0; i < NQ; i++)
-        _mm256_storeu_ps(S + (size_t)i * lds, hsum8x256(HALF(a[i][0]), HALF(a[i][1]), HALF(a[i][2]), HALF(a[i][3]),
-                                                        HALF(a[i][4]), HALF(a[i][5]), HALF(a[i][6]), HALF(a[i][7])));
-#undef HALF
-}
-#endif
 
 static inline __attribute__((always_inline)) void
 scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void *K, int t, int d, float scale,
@@ -420,12 +404,14 @@ scores_multi_fast(float *S, int lds, const float *Q, int nq, int ldq, const void
         for (; j0 + 8 <= t; j0 += 8) {
             const char *k0 = kv_row(K, NULL, j0, d, h16);
             if (j0 + 8 + KV_AHEAD_ROWS(rb) < t) prefetch_bytes(k0 + KV_AHEAD_ROWS(rb) * rb, 8 * rb);
+            const void *k[8];
+            for (int r = 0; r < 8; r++) k[r] = k0 + r * rb;
             for (int i = 0; i < nq; i += 3) {
                 float *Si = S + (size_t)i * lds + j0;
                 const float *Qi = Q + (size_t)i * ldq;
-                if (nq - i >= 3) scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 3, h16);
-                else if (nq - i == 2) scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 2, h16);
-                else scores_8xq512(Si, lds, k0, rb, Qi, ldq, d, 1, h16);
+                if (nq - i >= 3) dot8xq512(Si, lds, k, Qi, ldq, d, 3, h16);
+                else if (nq - i == 2) dot8xq512(Si, lds, k, Qi, ldq, d, 2, h16);
+                else dot8xq512(Si, lds, k, Qi, ldq, d, 1, h16);
             }
         }
 #endif
@@ -485,6 +471,16 @@ static void accum_multi_plain(float *O, int ldo, const float *P, int nq, const i
 }
 
 #ifdef OPS_AVX2
+/* Value rows [lo, l) added into one query's o: the rows beyond its group's shortest query. */
+static void accum_rows_after(float *o, const float *p, const void *V, int lo, int l, int d, int h16)
+{
+    for (int j = lo; j < l; j++) {
+        const void *v = kv_row(V, NULL, j, d, h16);
+        if (!h16) { ops_axpy(o, p[j], v, d); continue; }
+        for (int cc = 0; cc < d; cc++) o[cc] += p[j] * KV_AT(v, cc, 1);
+    }
+}
+
 /* Four queries (rows p[0..3] of weights) over value rows 0..n, W columns (a constant multiple of
  * 8, at most 16) starting at column c: 4 x W/8 accumulators, each value load used four times. */
 static inline __attribute__((always_inline)) void
@@ -606,14 +602,7 @@ static void accum_group512(float *O, int ldo, const float *P, int i, int nout, c
         case 5: accum_nq512(o, p, V, lo, d, c, 5, h16); break;
         default: accum_nq512(o, p, V, lo, d, c, 6, h16); break;
         }
-    for (int q = 0; q < nout; q++) {
-        const int l = len ? len[i + q] : t;
-        for (int j = lo; j < l; j++) {
-            const void *v = kv_row(V, NULL, j, d, h16);
-            if (!h16) { ops_axpy(o[q], p[q][j], v, d); continue; }
-            for (int cc = 0; cc < d; cc++) o[q][cc] += p[q][j] * KV_AT(v, cc, 1);
-        }
-    }
+    for (int q = 0; q < nout; q++) accum_rows_after(o[q], p[q], V, lo, len ? len[i + q] : t, d, h16);
 }
 #endif
 
@@ -650,13 +639,7 @@ accum_multi_fast(float *O, int ldo, const float *P, int nq, const int *len, cons
                 for (int j = 0; j < lo; j++) s += p[q][j] * KV_AT(kv_row(V, NULL, j, d, h16), cc, h16);
                 o[q][cc] = s;
             }
-            /* the rows beyond the group's shortest query, one query at a time */
-            const int l = len ? len[i + q] : t;
-            for (int j = lo; j < l; j++) {
-                const void *v = kv_row(V, NULL, j, d, h16);
-                if (!h16) { ops_axpy(o[q], p[q][j], v, d); continue; }
-                for (int cc = 0; cc < d; cc++) o[q][cc] += p[q][j] * KV_AT(v, cc, 1);
-            }
+            accum_rows_after(o[q], p[q], V, lo, len ? len[i + q] : t, d, h16);
         }
     }
 }

@@ -67,6 +67,16 @@ static inline __m256 hsum8x256(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m25
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
+#ifdef __AVX512F__
+/* (sum v[0], ..., sum v[7]) of eight zmm vectors: halves folded, then hsum8x256 */
+static inline __m256 hsum8x512(const __m512 v[8])
+{
+#define HALF(x) _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1))
+    return hsum8x256(HALF(v[0]), HALF(v[1]), HALF(v[2]), HALF(v[3]), HALF(v[4]), HALF(v[5]), HALF(v[6]), HALF(v[7]));
+#undef HALF
+}
+#endif
+
 static inline uint32_t load_u32(const uint8_t *p)
 {
     uint32_t u;

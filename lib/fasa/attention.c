@@ -264,6 +264,13 @@ static int tip_block_ok(const model *m, const run_state *s)
             (!p->o.tip_bits && p->o.block == 2 && p->dom_end <= ns));
 }
 
+/* How many rows TIP picks per head for `keep` chosen among `room`: keep, or rerank times it. */
+static int tip_picks(const policy *p, int keep, int room)
+{
+    const int n = p->o.rerank > 1 ? keep * p->o.rerank : keep;
+    return n < room ? n : room;
+}
+
 /* The path of layer l for a batch of n tokens at positions n_past.. (see enum attn_path). */
 static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
 {
@@ -281,7 +288,7 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
     if (tip_block_ok(m, s) && !s->obs && !s->stats && !(p->o.auto_mass > 0) &&
         policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        const int mid = (p->o.budget - lo - (t1 - hi)) * (p->o.rerank > 1 ? p->o.rerank : 1);
+        const int mid = tip_picks(p, p->o.budget - lo - (t1 - hi), hi - lo);
         if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)
             return ATTN_FASA_DECODE;
     }
@@ -319,8 +326,8 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
         policy_forced(&p->o, t1, p->o.budget, &lo, &hi);
         const float *tq = fasa_tip_queries(m, s, l, &ldq);
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        const int mid = p->o.budget - lo - (t1 - hi), rr = p->o.rerank > 1 ? p->o.rerank : 1;
-        fasa_decode(m, s, l, lo, hi, mid * rr < hi - lo ? mid * rr : hi - lo, mid, tq, ldq, threads);
+        const int keep = p->o.budget - lo - (t1 - hi);
+        fasa_decode(m, s, l, lo, hi, tip_picks(p, keep, hi - lo), keep, tq, ldq, threads);
         return 0;
     }
     case ATTN_PER_QUERY: {

@@ -317,12 +317,7 @@ int policy_rerank(const kvcache *kv, int layer, int g, const float *q, int32_t *
     const int d = kv->d_head, ns = kv->n_split;
     float *T = E + m;
     int32_t *pick = (int32_t *)(E + 2 * m);
-    for (enum kv_part part = KV_KEYS; part <= (ns ? KV_REST : KV_KEYS); part++) {   /* the rows, at random */
-        const size_t rb = (size_t)kvcache_width(kv, part) * kvcache_esz(kv);
-        const char *base = kvcache_rows(kv, part, layer, g);
-        for (int j = 0; j < m; j++)
-            for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(base + (size_t)cand[j] * rb + o, 0, 1);
-    }
+    kvcache_prefetch_parts(kv, KV_KEYS, KV_REST, layer, g, cand, m);   /* the rows, at random */
     kvcache_scores(kv, KV_KEYS, layer, g, 0, cand, m, q, 1, d, 1.0f, E, m);
     if (ns) {
         kvcache_scores(kv, KV_REST, layer, g, 0, cand, m, q + ns, 1, d, 1.0f, T, m);
