@@ -52,6 +52,8 @@ static const char usage_text[] =
     "      --tasks LIST      ruler: these tasks only (default all 13)\n"
     "      --quick           ruler: four tasks (niah_single_2, niah_multikey_1, vt, qa_1) at 4096 and\n"
     "                        8192 tokens, budget 1024, policies default, full, stream: a smoke check\n"
+    "      --show            ruler: print each sample's question, expected answers and every\n"
+    "                        policy's output on stderr\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
     "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
@@ -369,7 +371,7 @@ int cmd_bench(int argc, char **argv)
         { "kv-type", required_argument, 0, 'Y' }, { "per-layer", no_argument, 0, 'L' },
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
-        { "rerank", required_argument, 0, 'x' },
+        { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -379,7 +381,7 @@ int cmd_bench(int argc, char **argv)
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 0;
-    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, c;
+    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, show = 0, c;
     long samples = 1;
     const char *task_list = NULL;
     optind = 1;
@@ -411,6 +413,7 @@ int cmd_bench(int argc, char **argv)
         case 'A': if (parse_int("--samples", optarg, 1, 1000, &samples)) return EXIT_USAGE; break;
         case 'Q': task_list = optarg; break;
         case 'q': quick = 1; break;
+        case 'o': show = 1; break;
         case 'c': csv = optarg; break;
         case 'i': ids_file = optarg; break;
         case 'j': json = 1; break;
@@ -447,8 +450,8 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; t < ruler_task_count(); t++)
             if (ruler_task_quick(t)) ruler_tasks |= 1ull << t;
     }
-    if (!ruler && (task_list || quick || samples != 1))
-        return die_usage("--tasks, --quick and --samples are for --task ruler");
+    if (!ruler && (task_list || quick || show || samples != 1))
+        return die_usage("--tasks, --quick, --show and --samples are for --task ruler");
     if (ruler && quick) {
         if (!policies) policies = "full,default,stream";
         if (!strcmp(budgets, "128,256,512,1024")) budgets = "1024";
@@ -457,7 +460,7 @@ int cmd_bench(int argc, char **argv)
     /* the lists before the model is read */
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
     bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = ruler ? (int)samples : (int)seeds,
-                      .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer };
+                      .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer, .show = show };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);

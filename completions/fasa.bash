@@ -126,7 +126,7 @@ _fasa()
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
-              --tip --samples --tasks --quick --ids --rerank --help"
+              --tip --samples --tasks --quick --show --ids --rerank --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
                  --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank"
         case $prev in

@@ -122,3 +122,21 @@ Test(ruler, too_short_a_target)
     cr_expect_eq(ruler_generate(ruler_task_find("cwe"), 50, 1, words, NULL, &s, err), FASA_EARG);
     cr_expect(strstr(err, "cwe") != NULL, "%s", err);
 }
+
+/* qa: repeating the question back never scores (its sentence does not hold the answer) */
+Test(ruler, qa_questions_do_not_hold_their_answers)
+{
+    if (!have_corpus()) cr_skip_test("ruler::qa_questions: no /usr/share/common-licenses");
+    char err[FASA_ERRLEN];
+    static const char *const names[] = { "qa_1", "qa_2" };
+    for (int k = 0; k < 2; k++)
+        for (uint64_t seed = 1; seed <= 60; seed++) {
+            ruler_sample s;
+            cr_assert_eq(ruler_generate(ruler_task_find(names[k]), 1500, seed, words, NULL, &s, err), 0, "%s", err);
+            const char *q = strstr(s.prompt, "Question:");
+            cr_assert(q != NULL, "%s: no question", names[k]);
+            cr_expect_eq(ruler_score(&s, q), 0.0, "%s, seed %d: the question holds its answer '%s'", names[k],
+                         (int)seed, s.answers[0]);
+            ruler_sample_free(&s);
+        }
+}

@@ -578,6 +578,13 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                     break;
                 }
                 s->stats = &st;
+                if (cfg->show) {
+                    const size_t pl = strlen(smp.prompt);
+                    fprintf(stderr, "ruler %s, %d tokens, sample %d: ...%s%s\n  expected:", ruler_task_name(t), n,
+                            k + 1, smp.prompt + (pl > 240 ? pl - 240 : 0), smp.answer_prefix);
+                    for (int a = 0; a < smp.n_answers; a++) fprintf(stderr, " \"%s\"", smp.answers[a]);
+                    fputc('\n', stderr);
+                }
                 /* prefill all but the last prompt token densely, once; it is every run's first decode step */
                 if ((rc = model_prefill(m, s, ids, n - 1, NULL, err)) == 0) snap_take(&sn, &st);
                 for (int pi = 0, run = 0; pi < cfg->n_policy && rc == 0; pi++) {
@@ -606,7 +613,11 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                         out[ol] = 0;
                         attention_use_policy(s, NULL, 0, NULL);
                         policy_free(&pol);
-                        score[((size_t)li * T + t) * runs + run] += ruler_score(&smp, out);
+                        const double sc = ruler_score(&smp, out);
+                        score[((size_t)li * T + t) * runs + run] += sc;
+                        if (cfg->show)
+                            fprintf(stderr, "  %s@%d: %.2f \"%s\"\n", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, sc,
+                                    out);
                     }
                 }
                 snap_free(&sn);

@@ -35,6 +35,7 @@ typedef struct bench_cfg {
     int seeds;                            /* passkey samples per (length, depth) */
     int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
     int per_layer;                        /* ca: also rows per layer */
+    int show;                             /* ruler: each sample's question, answers and outputs on stderr */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
 } bench_cfg;

@@ -481,6 +481,16 @@ static int count_of(const char *hay, const char *needle)
     return n;
 }
 
+/* out contains needle, ignoring case */
+static int contains(const char *out, const char *needle)
+{
+    const size_t n = strlen(needle);
+    if (!n) return 0;
+    for (const char *p = out; *p; p++)
+        if (!strncasecmp(p, needle, n)) return 1;
+    return 0;
+}
+
 /* The task's fixed parts (keys, values, the gold document...), from the seed. */
 static int setup(gen *g, char *err)
 {
@@ -562,6 +572,7 @@ static int setup(gen *g, char *err)
                 char prefix[1024];   /* the words before the blank name one place in the corpus */
                 snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(g->cloze, "____") - g->cloze), g->cloze);
                 if (strlen(prefix) < 20 || count_of(C.text, prefix) != 1) continue;
+                if (contains(g->cloze, g->answer)) continue;   /* echoing the question must not score */
             } else {
                 if (ns < 2) continue;
                 const char *hint = sent[rng_below(&r, ns - 1)];   /* not the last sentence */
@@ -574,6 +585,7 @@ static int setup(gen *g, char *err)
                 if (e - a < 3) continue;
                 snprintf(g->answer, sizeof g->answer, "%.*s", (int)(e - a), a);
                 if (count_of(C.text, g->answer) > 40) continue;   /* not a word one could guess */
+                if (contains(g->hint, g->answer)) continue;        /* nor one the question holds */
             }
             s->answers[s->n_answers++] = strdup(g->answer);
             return 0;
@@ -641,16 +653,6 @@ out:
     free(g.codes);
     if (rc < 0) ruler_sample_free(out);
     return rc;
-}
-
-/* out contains needle, ignoring case */
-static int contains(const char *out, const char *needle)
-{
-    const size_t n = strlen(needle);
-    if (!n) return 0;
-    for (const char *p = out; *p; p++)
-        if (!strncasecmp(p, needle, n)) return 1;
-    return 0;
 }
 
 double ruler_score(const ruler_sample *s, const char *output)
