@@ -37,8 +37,8 @@ static const char usage_text[] =
     "                        word extraction, QA), generated here, prefilled once per sample and\n"
     "                        decoded under every policy and budget, scored as RULER scores;\n"
     "                        speed: decode tok/s, attention ms/token, bytes per token, GB/s and\n"
-    "                        KV memory by tier at cache depths (policies full, fasa-c, fasa-m,\n"
-    "                        quest; the cache is a real prefill of 512 tokens tiled to depth)\n"
+    "                        KV memory by tier at cache depths (policies default, full, fasa-c,\n"
+    "                        fasa-m, quest; the cache is a real prefill of 512 tokens tiled to depth)\n"
     "      --policy LIST     default (what 'fasa run' selects without flags), full, fasa, fasa-1/8,\n"
     "                        fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense, fasa-q4,\n"
     "                        oracle, stream, snapkv, h2o, quest, random (default per task); fasa's\n"
@@ -233,7 +233,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         for (char *save, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             if (cfg.n_policy == SPEED_COUNT) return die_usage("--policy: at most %d speed policies", SPEED_COUNT);
             if (speed_policy_parse(tok, &cfg.policies[cfg.n_policy++]) < 0)
-                return die_usage("--policy '%s' is not a speed policy (full, fasa-c, fasa-m, quest)", tok);
+                return die_usage("--policy '%s' is not a speed policy (default, full, fasa-c, fasa-m, quest)", tok);
         }
     }
     char err[FASA_ERRLEN];

@@ -235,15 +235,15 @@ Test(cli, real_model_speed_rows, .timeout = 1800)
     if (!m) cr_skip_test("real_model_speed_rows: default model not installed (run scripts/setup.sh)");
     char *out, *err, args[1200];
     snprintf(args, sizeof args,
-             "bench %s --task speed --policy full,fasa-m --depths 0,700 --steps 2 --repeats 1 --bandwidth 30 --json",
-             m);
+             "bench %s --task speed --policy full,fasa-m,default --depths 0,700 --steps 2 --repeats 1 --bandwidth 30 "
+             "--json", m);
     int rc = fasa(args, &out, &err);
     if (rc != 0 && strstr(err, "profile"))
         cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
     cr_assert_eq(rc, 0, "%s", err);
     cJSON *a = cJSON_Parse(out);
     cr_assert_not_null(a, "%s", out);
-    cr_expect_eq(cJSON_GetArraySize(a), 4);
+    cr_expect_eq(cJSON_GetArraySize(a), 6);
     static const char *const fields[] = { "decode_tok_s", "attn_ms", "bytes_per_token", "gb_s", "roofline",
                                           "prefill_tok_s", "kv_resident_mb", "kv_cold_mb", "peak_rss_mb" };
     for (cJSON *r = a->child; r; r = r->next) {
@@ -258,8 +258,15 @@ Test(cli, real_model_speed_rows, .timeout = 1800)
             const double tb = cJSON_GetObjectItem(r, "tip_bytes_per_key")->valuedouble;
             cr_expect_float_eq(res / tot, tb / (2 * 64 * 2), 1e-9, "fasa-m resident %g of %g", res, tot);
             cr_expect_leq(res / tot, 0.125, "fasa-m resident %g of %g", res, tot);
-        } else {
+        } else if (!strcmp(pol, "full")) {
             cr_expect_float_eq(res, tot, 1e-9);
+        } else {   /* fasa-c: the whole cache and TIP's copy */
+            cr_expect_geq(res, tot, "%s resident %g of %g", pol, res, tot);
+        }
+        /* default is what run does without flags: with the profile, fasa-c at budget 256 */
+        if (!strcmp(pol, "default")) {
+            cr_expect_gt(cJSON_GetObjectItem(r, "fcs")->valuedouble, 0, "default ran without FASA");
+            cr_expect_eq(cJSON_GetObjectItem(r, "budget")->valuedouble, 256);
         }
     }
     cJSON_Delete(a);

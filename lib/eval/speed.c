@@ -9,7 +9,7 @@
 
 #include "session.h"
 
-static const char *const names[SPEED_COUNT] = { "full", "fasa-c", "fasa-m", "quest" };
+static const char *const names[SPEED_COUNT] = { "full", "fasa-c", "fasa-m", "quest", "default" };
 
 const char *speed_policy_name(enum speed_policy p) { return names[p]; }
 
@@ -18,6 +18,12 @@ int speed_policy_parse(const char *name, enum speed_policy *out)
     for (int i = 0; i < SPEED_COUNT; i++)
         if (!strcmp(name, names[i])) { *out = (enum speed_policy)i; return 0; }
     return -1;
+}
+
+/* the policy a speed policy runs as: default is fasa-c with a profile, full without */
+static enum speed_policy kind_of(enum speed_policy p, const profile *prof)
+{
+    return p != SPEED_DEFAULT ? p : prof ? SPEED_FASA_C : SPEED_FULL;
 }
 
 speed_cfg speed_defaults(void)
@@ -127,7 +133,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
                           fill, cfg->steps);
     int fasa = 0;
     for (int p = 0; p < cfg->n_policy; p++)
-        fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M;
+        fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M ||
+                (cfg->policies[p] == SPEED_DEFAULT && prof);
     const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
     /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
     session_opts so = session_defaults();
@@ -156,7 +163,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     /* Every policy's state first (a real prefill, timed, then the tiles); the memory each one
      * adds is its own. */
     for (int pi = 0; pi < P && rc == 0; pi++) {
-        const enum speed_policy sp = cfg->policies[pi];
+        const enum speed_policy sp = kind_of(cfg->policies[pi], prof);
         struct unit *x = &u[pi];
         double a0, f0;
         rss(&a0, &f0);
@@ -205,10 +212,10 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
                 u[pi].kv_read = run_state_kv_bytes_read(s) - kv0;
             }
         for (int pi = 0; pi < P && rc == 0; pi++) {
-            const enum speed_policy sp = cfg->policies[pi];
+            const enum speed_policy sp = kind_of(cfg->policies[pi], prof);
             const run_state *s = u[pi].s;
             speed_row *w = &(*rows)[(*n_rows)++];
-            snprintf(w->policy, sizeof w->policy, "%s", names[sp]);
+            snprintf(w->policy, sizeof w->policy, "%s", names[cfg->policies[pi]]);
             w->depth = depth;
             w->kv_f16 = cfg->kv_f16;
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;

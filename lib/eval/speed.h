@@ -16,7 +16,8 @@
 
 #include "bench.h"
 
-enum speed_policy { SPEED_FULL, SPEED_FASA_C, SPEED_FASA_M, SPEED_QUEST, SPEED_COUNT };
+/* SPEED_DEFAULT: what `fasa run` does without flags (fasa-c with a profile, else full), named so */
+enum speed_policy { SPEED_FULL, SPEED_FASA_C, SPEED_FASA_M, SPEED_QUEST, SPEED_DEFAULT, SPEED_COUNT };
 
 typedef struct speed_cfg {
     int n_depth, depths[BENCH_MAX];
