@@ -249,7 +249,7 @@ void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val
 
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n)
 {
-    kvcache_prefetch_parts(kv, kv->n_split ? KV_REST : KV_VALUES, KV_VALUES, layer, head, idx, n);
+    kvcache_prefetch_parts(kv, KV_KEYS, KV_VALUES, layer, head, idx, n);
 }
 
 void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part last, int layer, int head,

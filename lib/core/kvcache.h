@@ -125,9 +125,10 @@ static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kv->tip_width
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);
-/* Starts loading rows idx[0..n) of the rest of the keys and of the values (software prefetch),
+/* Starts loading rows idx[0..n) of the keys (every part) and of the values (software prefetch),
  * so that focused attention's gathers from them (from memory, or FASA-M's cold tier) overlap
- * with scoring the dominant block, which TIP has just read. A hint: no effect on results. */
+ * with other work: scoring the first rows, or TIP of the next heads. A hint: no effect on
+ * results. */
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n);
 /* The same for parts first..last (a part the cache does not have is skipped). */
 void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part last, int layer, int head,

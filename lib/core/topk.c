@@ -64,7 +64,14 @@ static inline float fkey_value(int32_t u)
 static int count_ge(const int32_t *v, int n, int32_t t)
 {
     int c = 0, i = 0;
-#ifdef __AVX2__
+#ifdef __AVX512F__
+    const __m512i wt = _mm512_set1_epi32(t);
+    for (; i + 16 <= n; i += 16)
+        c += __builtin_popcount(_mm512_cmpge_epi32_mask(_mm512_loadu_si512(v + i), wt));
+    if (i < n) c += __builtin_popcount(_mm512_mask_cmpge_epi32_mask((__mmask16)((1u << (n - i)) - 1),
+                                                                      _mm512_maskz_loadu_epi32((__mmask16)((1u << (n - i)) - 1), v + i), wt));
+    return c;
+#elif defined(__AVX2__)
     const __m256i vt = _mm256_set1_epi32(t);
     __m256i below = _mm256_setzero_si256();   /* minus the count of v < t, per lane */
     for (; i + 8 <= n; i += 8)
@@ -206,24 +213,28 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     const float thr = fkey_value(kth_small(smp, TSAMPLE, r));
     int m = 0, nan = 0;
     const int cap = n / 4;
+    int32_t *key = (int32_t *)scratch;   /* the candidates' keys (fkey), beside their indices */
     int i = 0;
 #ifdef __AVX512F__
-    /* sixteen at a time, the indices of the scores >= thr (or NaN: unordered) packed by a
-     * compress with no branch per candidate; NaN is looked for among the candidates below */
+    /* sixteen at a time, the indices and keys of the scores >= thr packed by a compress with no
+     * branch per candidate; NaN (unordered) is noted on the way */
     const __m512 wt = _mm512_set1_ps(thr);
-    const __m512i step = _mm512_set1_epi32(16);
+    const __m512i step = _mm512_set1_epi32(16), flip = _mm512_set1_epi32(0x7FFFFFFF);
     __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 unord = 0;
     for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
-        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + i), wt, _CMP_NLT_UQ);
-        if (m + 16 > cap) {
-            if (m + __builtin_popcount(k) > cap) return -1;
-            for (unsigned bits = k; bits; bits &= bits - 1) idx[m++] = i + __builtin_ctz(bits);
-            continue;
-        }
-        _mm512_storeu_si512(idx + m, _mm512_maskz_compress_epi32(k, iv));
-        m += __builtin_popcount(k);
+        const __m512 x = _mm512_loadu_ps(score + i);
+        const __mmask16 k = _mm512_cmp_ps_mask(x, wt, _CMP_GE_OQ);
+        unord |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const int c = __builtin_popcount(k);
+        if (m + c > cap) return -1;
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i kx = _mm512_mask_xor_epi32(u, _mm512_movepi32_mask(u), u, flip);   /* fkey */
+        _mm512_mask_storeu_epi32(idx + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_epi32(k, iv));
+        _mm512_mask_storeu_epi32(key + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_epi32(k, kx));
+        m += c;
     }
-    for (int j = 0; j < m; j++) nan |= score[idx[j]] != score[idx[j]];
+    nan = unord != 0;
 #elif defined(__AVX2__)
     const __m256 vt = _mm256_set1_ps(thr);
     __m256 vnan = _mm256_setzero_ps();
@@ -233,7 +244,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
         unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ));
         if (!bits) continue;
         if (m + 8 > cap) return -1;
-        for (; bits; bits &= bits - 1) idx[m++] = i + __builtin_ctz(bits);
+        for (; bits; bits &= bits - 1) idx[m] = i + __builtin_ctz(bits), key[m] = fkey(score[idx[m]]), m++;
     }
     nan = _mm256_movemask_ps(vnan);
 #endif
@@ -241,12 +252,10 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
         nan |= score[i] != score[i];
         if (score[i] >= thr) {
             if (m >= cap) return -1;
-            idx[m++] = i;
+            idx[m] = i, key[m] = fkey(score[i]), m++;
         }
     }
     if (nan || m < k) return -1;
-    int32_t *key = (int32_t *)scratch;
-    for (int j = 0; j < m; j++) key[j] = fkey(score[idx[j]]);
     const int32_t kth = kth_key(key, m, k);
     /* the candidates are ascending: keep those above the k-th and, of those equal to it, the
      * first ones (ties go to the lower index, as topk_pack orders them) */

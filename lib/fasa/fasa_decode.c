@@ -129,6 +129,8 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
                     int32_t *out = (int32_t *)cand;
                     for (int j = 0; j < n; j++) out[j] = lo + idx[j];
                     cn[h] = -1 - n;
+                    /* its rows are read after the barrier: on their way meanwhile */
+                    kvcache_prefetch(&s->kv, l, g, out, n);
                 } else {
                     for (int j = 0; j < n; j++) cand[j] = topk_pack(row[idx[j]], (uint32_t)(a + idx[j]));
                     cn[h] = n;
