@@ -289,7 +289,7 @@ typedef struct gen {
     int *fwe_words; int n_fwe; int fwe_vocab;
     char **codes;
     int gold, gold_sent, blank_word;   /* qa */
-    char cloze[2048], hint[2048], answer[64];
+    char passage[2048], hint[2048], answer[64];
 } gen;
 
 /* Where, among n units, needle k of m goes: sorted random positions from the seed. */
@@ -418,8 +418,8 @@ static int build(gen *g, int n)
             sb_printf(&b, "Document %d:\n%s\n\n", doc++, C.para[p]);
         }
         if (t->kind == K_QA1)
-            sb_printf(&b, "%s\n\nQuestion: Which word is missing from this sentence of one of the documents: \"%s\"",
-                      ask, g->cloze);
+            sb_printf(&b, "%s\n\nQuestion: In the documents above, which word comes right after \"%s\"?", ask,
+                      g->passage);
         else
             sb_printf(&b, "%s\n\nQuestion: What is the last word of the document that contains the sentence \"%s\"",
                       ask, g->hint);
@@ -433,8 +433,8 @@ static int build(gen *g, int n)
     return 0;
 }
 
-/* A word of the sentence that can be blanked: alphabetic, 5+ letters. Its index among the
- * sentence's words, or -1. */
+/* A word of the sentence to ask for: alphabetic, 5+ letters, not the first. Its index among
+ * the sentence's words, or -1. */
 static int pick_blank(const char *sent, uint64_t *s, char *word, size_t cap)
 {
     int idx[256], n = 0, w = 0;
@@ -459,19 +459,17 @@ static int pick_blank(const char *sent, uint64_t *s, char *word, size_t cap)
     return pick;
 }
 
-/* The sentence with word `pick` as "____". */
-static void blank_out(const char *sent, int pick, char *out, size_t cap)
+/* Where word `pick` of the sentence starts (words as pick_blank counts them). */
+static int word_start(const char *sent, int pick)
 {
-    size_t k = 0;
     int w = 0;
-    for (const char *p = sent; *p && k + 8 < cap;) {
-        if (*p == ' ') { out[k++] = *p++; continue; }
-        const char *a = p;
+    for (const char *p = sent; *p;) {
+        while (*p == ' ') p++;
+        if (!*p) break;
+        if (w++ == pick) return (int)(p - sent);
         while (*p && *p != ' ') p++;
-        if (w++ == pick) k += snprintf(out + k, cap - k, "____");
-        else for (; a < p && k + 1 < cap; a++) out[k++] = *a;
     }
-    out[k] = 0;
+    return (int)strlen(sent);
 }
 
 static int count_of(const char *hay, const char *needle)
@@ -568,11 +566,11 @@ static int setup(gen *g, char *err)
                 if (count_of(C.text, pick) != 1) continue;
                 const int w = pick_blank(pick, &r, g->answer, sizeof g->answer);
                 if (w < 0 || count_of(C.text, g->answer) > 40) continue;   /* not a word one could guess */
-                blank_out(pick, w, g->cloze, sizeof g->cloze);
-                char prefix[1024];   /* the words before the blank name one place in the corpus */
-                snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(g->cloze, "____") - g->cloze), g->cloze);
-                if (strlen(prefix) < 20 || count_of(C.text, prefix) != 1) continue;
-                if (contains(g->cloze, g->answer)) continue;   /* echoing the question must not score */
+                /* the words before it, which must name one place in the corpus */
+                snprintf(g->passage, sizeof g->passage, "%.*s", word_start(pick, w), pick);
+                for (size_t e = strlen(g->passage); e > 0 && g->passage[e - 1] == ' ';) g->passage[--e] = 0;
+                if (strlen(g->passage) < 20 || count_of(C.text, g->passage) != 1) continue;
+                if (contains(g->passage, g->answer)) continue;   /* echoing the question must not score */
             } else {
                 if (ns < 2) continue;
                 const char *hint = sent[rng_below(&r, ns - 1)];   /* not the last sentence */

@@ -30,9 +30,10 @@
  * What differs from RULER, and why: no dataset is downloaded, so the essay haystack is the
  * license texts every Debian system has (/usr/share/common-licenses; RULER uses Paul Graham's
  * essays), word keys and the cwe words come from those texts' vocabulary (RULER: wonderwords),
- * and QA is a cloze over the same documents instead of SQuAD / HotpotQA: qa_1 asks for the
- * word missing from a sentence of one document among distractor documents; qa_2 (two hops)
- * names the document by another of its sentences and asks for the missing word of a third.
+ * and QA asks about the same documents instead of SQuAD / HotpotQA: qa_1 quotes the start of
+ * a sentence of one document among distractor documents (words that occur once in the corpus)
+ * and asks for the word that follows; qa_2 (two hops) names the document by one of its
+ * sentences and asks for its last word. Neither question holds its answer.
  * Everything is a function of (task, length, seed, the model's tokenizer).
  */
 #ifndef FASA_RULER_H
