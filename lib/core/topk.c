@@ -68,8 +68,10 @@ static int count_ge(const int32_t *v, int n, int32_t t)
     const __m512i wt = _mm512_set1_epi32(t);
     for (; i + 16 <= n; i += 16)
         c += __builtin_popcount(_mm512_cmpge_epi32_mask(_mm512_loadu_si512(v + i), wt));
-    if (i < n) c += __builtin_popcount(_mm512_mask_cmpge_epi32_mask((__mmask16)((1u << (n - i)) - 1),
-                                                                      _mm512_maskz_loadu_epi32((__mmask16)((1u << (n - i)) - 1), v + i), wt));
+    if (i < n) {
+        const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+        c += __builtin_popcount(_mm512_mask_cmpge_epi32_mask(tail, _mm512_maskz_loadu_epi32(tail, v + i), wt));
+    }
     return c;
 #elif defined(__AVX2__)
     const __m256i vt = _mm256_set1_epi32(t);
