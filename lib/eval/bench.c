@@ -616,8 +616,8 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                         const double sc = ruler_score(&smp, out);
                         score[((size_t)li * T + t) * runs + run] += sc;
                         if (cfg->show)
-                            fprintf(stderr, "  %s@%d: %.2f \"%s\"\n", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, sc,
-                                    out);
+                            fprintf(stderr, "  %s@%d: %.2f \"%s\"\n", bp->name,
+                                    o.kind == POLICY_FULL ? 0 : o.budget, sc, out);
                     }
                 }
                 snap_free(&sn);
