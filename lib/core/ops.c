@@ -94,11 +94,40 @@ static void attn_accum_plain(float *out, const float *p, const void *V, const in
 }
 
 #ifdef OPS_AVX2
+#ifdef __AVX512F__
+/* Eight key rows k[0..7] against NQ queries (at most 3, ldq apart), d a multiple of 16: 8 NQ
+ * accumulators of 16 lanes, each key load used NQ times, one transpose-reduce per query; the
+ * eight dot products of query i go to S + i lds. */
+static inline __attribute__((always_inline)) void
+dot8xq512(float *S, int lds, const void *const k[8], const float *Q, int ldq, int d, const int NQ, const int h16)
+{
+    __m512 a[3][8];
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) a[i][r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        __m512 q[3];
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++) q[i] = _mm512_loadu_ps(Q + (size_t)i * ldq + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m512 kv = KV_LOAD16(k[r], c, h16);
+#pragma GCC unroll 3
+            for (int i = 0; i < NQ; i++) a[i][r] = _mm512_fmadd_ps(q[i], kv, a[i][r]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++) _mm256_storeu_ps(S + (size_t)i * lds, hsum8x512(a[i]));
+}
+#endif
+
 /* Eight keys at a time: eight running sums, one transpose-reduce instead of eight horizontal
- * sums. d a multiple of 8; a constant 64 after inlining keeps q in registers. */
+ * sums. d a multiple of 8; a constant 64 after inlining keeps q in registers. zmm (d a multiple
+ * of 64, AVX-512): the eight keys in zmm registers, half the instructions. */
 static inline __attribute__((always_inline)) void
 attn_scores_fast(float *s, const float *q, const void *K, const int32_t *idx, int t, const int d, float scale,
-                 const int h16)
+                 const int h16, const int zmm)
 {
     const __m256 vs = _mm256_set1_ps(scale);
     int i = 0;
@@ -106,6 +135,13 @@ attn_scores_fast(float *s, const float *q, const void *K, const int32_t *idx, in
         const void *k[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) k[j] = kv_row(K, idx, i + j, d, h16);
+#ifdef __AVX512F__
+        if (zmm) {
+            dot8xq512(s + i, 0, k, q, 0, d, 1, h16);
+            _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, _mm256_loadu_ps(s + i)));
+            continue;
+        }
+#endif
         __m256 a[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
@@ -162,51 +198,6 @@ attn_accum_fast(float *out, const float *p, const void *V, const int32_t *idx, i
 }
 
 #ifdef __AVX512F__
-/* Eight key rows k[0..7] against NQ queries (at most 3, ldq apart), d a multiple of 16: 8 NQ
- * accumulators of 16 lanes, each key load used NQ times, one transpose-reduce per query; the
- * eight dot products of query i go to S + i lds. */
-static inline __attribute__((always_inline)) void
-dot8xq512(float *S, int lds, const void *const k[8], const float *Q, int ldq, int d, const int NQ, const int h16)
-{
-    __m512 a[3][8];
-#pragma GCC unroll 3
-    for (int i = 0; i < NQ; i++)
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) a[i][r] = _mm512_setzero_ps();
-    for (int c = 0; c < d; c += 16) {
-        __m512 q[3];
-#pragma GCC unroll 3
-        for (int i = 0; i < NQ; i++) q[i] = _mm512_loadu_ps(Q + (size_t)i * ldq + c);
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            const __m512 kv = KV_LOAD16(k[r], c, h16);
-#pragma GCC unroll 3
-            for (int i = 0; i < NQ; i++) a[i][r] = _mm512_fmadd_ps(q[i], kv, a[i][r]);
-        }
-    }
-#pragma GCC unroll 3
-    for (int i = 0; i < NQ; i++) _mm256_storeu_ps(S + (size_t)i * lds, hsum8x512(a[i]));
-}
-
-/* d a multiple of 64 (64, 128): eight keys at a time in zmm registers, half the instructions of
- * attn_scores_fast; the tail there. */
-static inline __attribute__((always_inline)) void
-attn_scores_512(float *s, const float *q, const void *K, const int32_t *idx, int t, const int d, float scale,
-                const int h16)
-{
-    const __m256 vs = _mm256_set1_ps(scale);
-    int i = 0;
-    for (; i + 8 <= t; i += 8) {
-        const void *k[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) k[j] = kv_row(K, idx, i + j, d, h16);
-        dot8xq512(s + i, 0, k, q, 0, d, 1, h16);
-        _mm256_storeu_ps(s + i, _mm256_mul_ps(vs, _mm256_loadu_ps(s + i)));
-    }
-    if (i < t) attn_scores_fast(s + i, q, idx ? K : kv_row(K, NULL, i, d, h16), idx ? idx + i : NULL, t - i, d, scale,
-                                h16);
-}
-
 /* d a multiple of 64: four zmm accumulators per 64 columns, live across all rows. */
 static inline __attribute__((always_inline)) void
 attn_accum_512(float *out, const float *p, const void *V, const int32_t *idx, int t, const int d, const int h16)
@@ -232,23 +223,20 @@ static void attn_scores_any(float *s, const float *q, const void *K, const int32
 {
     if (d % 8) { attn_scores_plain(s, q, K, idx, t, d, scale, h16); return; }
 #ifdef __AVX512F__
-    if (d == 64) {
-        if (h16) attn_scores_512(s, q, K, idx, t, 64, scale, 1);
-        else attn_scores_512(s, q, K, idx, t, 64, scale, 0);
-        return;
-    }
-    if (d == 128) {
-        if (h16) attn_scores_512(s, q, K, idx, t, 128, scale, 1);
-        else attn_scores_512(s, q, K, idx, t, 128, scale, 0);
+    if (d == 64 || d == 128) {
+        if (d == 64 && h16) attn_scores_fast(s, q, K, idx, t, 64, scale, 1, 1);
+        else if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 0, 1);
+        else if (h16) attn_scores_fast(s, q, K, idx, t, 128, scale, 1, 1);
+        else attn_scores_fast(s, q, K, idx, t, 128, scale, 0, 1);
         return;
     }
 #endif
     if (h16) {
-        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 1);
-        else attn_scores_fast(s, q, K, idx, t, d, scale, 1);
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 1, 0);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 1, 0);
     } else {
-        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 0);
-        else attn_scores_fast(s, q, K, idx, t, d, scale, 0);
+        if (d == 64) attn_scores_fast(s, q, K, idx, t, 64, scale, 0, 0);
+        else attn_scores_fast(s, q, K, idx, t, d, scale, 0, 0);
     }
 }
 
