@@ -288,7 +288,7 @@ typedef struct gen {
     int cw[10], n_cw;         /* cwe: common word indices */
     int *fwe_words; int n_fwe; int fwe_vocab;
     char **codes;
-    int gold, gold_sent, blank_word;   /* qa */
+    int gold;   /* qa */
     char passage[2048], hint[2048], answer[64];
 } gen;
 
@@ -433,9 +433,9 @@ static int build(gen *g, int n)
     return 0;
 }
 
-/* A word of the sentence to ask for: alphabetic, 5+ letters, not the first. Its index among
- * the sentence's words, or -1. */
-static int pick_blank(const char *sent, uint64_t *s, char *word, size_t cap)
+/* A word of the sentence to ask for: alphabetic, 5+ letters, not the first. Copies it into word
+ * and returns where it starts in the sentence, or -1 when there is none. */
+static int pick_word(const char *sent, uint64_t *s, char *word, size_t cap)
 {
     int idx[256], n = 0, w = 0;
     for (const char *p = sent; *p && n < 256;) {
@@ -454,22 +454,12 @@ static int pick_blank(const char *sent, uint64_t *s, char *word, size_t cap)
         while (*p == ' ') p++;
         const char *a = p;
         while (*p && *p != ' ') p++;
-        if (w++ == pick) snprintf(word, cap, "%.*s", (int)(p - a), a);
+        if (w++ == pick) {
+            snprintf(word, cap, "%.*s", (int)(p - a), a);
+            return (int)(a - sent);
+        }
     }
-    return pick;
-}
-
-/* Where word `pick` of the sentence starts (words as pick_blank counts them). */
-static int word_start(const char *sent, int pick)
-{
-    int w = 0;
-    for (const char *p = sent; *p;) {
-        while (*p == ' ') p++;
-        if (!*p) break;
-        if (w++ == pick) return (int)(p - sent);
-        while (*p && *p != ' ') p++;
-    }
-    return (int)strlen(sent);
+    return -1;
 }
 
 static int count_of(const char *hay, const char *needle)
@@ -564,11 +554,11 @@ static int setup(gen *g, char *err)
                 if (!ns) continue;
                 const char *pick = sent[rng_below(&r, ns)];
                 if (count_of(C.text, pick) != 1) continue;
-                const int w = pick_blank(pick, &r, g->answer, sizeof g->answer);
-                if (w < 0 || count_of(C.text, g->answer) > 40) continue;   /* not a word one could guess */
+                int at = pick_word(pick, &r, g->answer, sizeof g->answer);
+                if (at < 0 || count_of(C.text, g->answer) > 40) continue;   /* not a word one could guess */
                 /* the words before it, which must name one place in the corpus */
-                snprintf(g->passage, sizeof g->passage, "%.*s", word_start(pick, w), pick);
-                for (size_t e = strlen(g->passage); e > 0 && g->passage[e - 1] == ' ';) g->passage[--e] = 0;
+                while (at > 0 && pick[at - 1] == ' ') at--;
+                snprintf(g->passage, sizeof g->passage, "%.*s", at, pick);
                 if (strlen(g->passage) < 20 || count_of(C.text, g->passage) != 1) continue;
                 if (contains(g->passage, g->answer)) continue;   /* echoing the question must not score */
             } else {

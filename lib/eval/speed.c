@@ -132,9 +132,10 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
         return fasa_error(err, FASA_EARG, "the text (%d tokens) is shorter than the fill (%d) plus %d steps", n_ids,
                           fill, cfg->steps);
     int fasa = 0;
-    for (int p = 0; p < cfg->n_policy; p++)
-        fasa |= cfg->policies[p] == SPEED_FASA_C || cfg->policies[p] == SPEED_FASA_M ||
-                (cfg->policies[p] == SPEED_DEFAULT && prof);
+    for (int p = 0; p < cfg->n_policy; p++) {
+        const enum speed_policy k = kind_of(cfg->policies[p], prof);
+        fasa |= k == SPEED_FASA_C || k == SPEED_FASA_M;
+    }
     const int fcs = cfg->fcs ? cfg->fcs : prof ? prof->fcs : 0;
     /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
     session_opts so = session_defaults();
