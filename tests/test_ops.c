@@ -640,11 +640,13 @@ Test(ops, tip_q4_matches_scalar)
             const int nt = 3, tile = tw / 8 * 64;
             uint8_t *tiles = malloc((size_t)nt * tile);
             int8_t *qi = malloc((size_t)nq * tw);
-            float ks[48], qs[8], a[8 * 48], b[8 * 48];
+            float kf[48], qs[8], a[8 * 48], b[8 * 48];
+            uint16_t ks[48];
             int32_t qsum[8];
             for (int i = 0; i < nt * tile; i++) tiles[i] = (uint8_t)(sampler_rand(&r) * 256);
             tiles[0] = 0xFF, tiles[1] = 0x11;
-            for (int i = 0; i < 48; i++) ks[i] = frand(&r) + 1.5f;
+            for (int i = 0; i < 48; i++) kf[i] = frand(&r) + 1.5f;
+            ops_f32_to_f16(ks, kf, 48), ops_f16_to_f32(kf, ks, 48);
             for (int h = 0; h < nq; h++) {
                 qsum[h] = 0;
                 for (int j = 0; j < tw; j++) qsum[h] += qi[h * tw + j] = (int8_t)(sampler_rand(&r) * 255 - 127);
@@ -663,7 +665,7 @@ Test(ops, tip_q4_matches_scalar)
                 const uint8_t v = tiles[(d / 8) * 64 + 4 * 5 + d % 4];
                 dot += (d % 8 < 4 ? v & 15 : v >> 4) * qi[d];
             }
-            cr_expect_eq(b[5], (float)(dot - 8 * qsum[0]) * (ks[5] * qs[0]), "tw %d: the twin is not the formula", tw);
+            cr_expect_eq(b[5], (float)(dot - 8 * qsum[0]) * (kf[5] * qs[0]), "tw %d: the twin is not the formula", tw);
             free(tiles);
             free(qi);
         }

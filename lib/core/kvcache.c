@@ -77,7 +77,7 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
         const size_t heads = (size_t)n_layer * n_kv_head, tiles = heads * kv->n_tiles;
         kv->tip_map = malloc(heads * tw * sizeof *kv->tip_map);
         kv->tq = kv_alloc(tiles * (tw / 8) * 64);
-        kv->tscale = kv_alloc(tiles * 16 * sizeof(float));
+        kv->tscale = kv_alloc(tiles * 16 * sizeof *kv->tscale);
         if (!kv->tip_map || !kv->tq || !kv->tscale) {
             kvcache_free(kv);
             return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
@@ -145,7 +145,12 @@ float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v)
     float amax = 0;
     for (int j = 0; j < tw; j++)
         if (map[j] >= 0) amax = fmaxf(amax, fabsf(key[map[j]]));
-    const float scale = amax > 0 && isfinite(amax) ? amax / 7 : 0, inv = scale > 0 ? 1 / scale : 0;
+    /* the scale as the copy stores it (f16, at most its largest finite value), so that the values
+     * are rounded against the scale they are read with */
+    float scale = amax > 0 && isfinite(amax) ? fminf(amax / 7, 65504.0f) : 0;
+    uint16_t h;
+    ops_f32_to_f16(&h, &scale, 1), ops_f16_to_f32(&scale, &h, 1);
+    const float inv = scale > 0 ? 1 / scale : 0;
     for (int j = 0; j < tw; j++) {
         const float x = map[j] >= 0 ? nearbyintf(key[map[j]] * inv) : 0;
         v[j] = (int8_t)(x > 7 ? 7 : x < -7 ? -7 : x == x ? x : 0);
@@ -173,7 +178,8 @@ static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
     const int tw = kv->tip_width;
     const size_t lh = (size_t)layer * kv->n_kv_head + head;
     int8_t v[1032];
-    kv->tscale[lh * kv->n_tiles * 16 + i] = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, v);
+    const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, v);
+    ops_f32_to_f16(kv->tscale + lh * kv->n_tiles * 16 + i, &scale, 1);
     uint8_t *tile = kv->tq + (lh * kv->n_tiles + (size_t)i / 16) * (tw / 8) * 64 + 4 * (i % 16);
     for (int j = 0; j < tw / 8; j++)
         for (int b = 0; b < 4; b++)
@@ -190,7 +196,7 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
     for (int h = 0; h < nq; h++) qscale[h] = kvcache_tip_query(Q + (size_t)h * ldq, tw, qi + h * tw, &qsum[h]);
     const size_t lh = (size_t)layer * kv->n_kv_head + head, tile = (size_t)(tw / 8) * 64;
     const uint8_t *tq = kv->tq + lh * kv->n_tiles * tile;
-    const float *ks = kv->tscale + lh * kv->n_tiles * 16;
+    const uint16_t *ks = kv->tscale + lh * kv->n_tiles * 16;
     /* whole tiles straight into S; a tile that [a, b) cuts into through edge */
     for (int t = a / 16; t * 16 < b;) {
         const int whole = t * 16 >= a ? (b - t * 16) / 16 : 0;

@@ -22,8 +22,8 @@
  *
  * The TIP copy (tip_width > 0): beside the keys, a compact copy of the dims the token importance
  * predictor reads (for each (layer, KV head), the dims tip_map lists: the union of its query
- * heads' dominant chunks), each key's values rounded to 4-bit integers with one f32 scale per key
- * (amax / 7). Ranking needs order, not exact values: on the calibration text this copy selects as
+ * heads' dominant chunks), each key's values rounded to 4-bit integers with one f16 scale per key
+ * (amax / 7, rounded to f16 before the values are: 2 bytes of the key's 2 + tip_width / 2). Ranking needs order, not exact values: on the calibration text this copy selects as
  * well as exact keys (README, Accuracy) at 4 bits a value. It is laid out in tiles of 16 keys for
  * ops_tip_q4 and read only by kvcache_tip_scores. With a cold tier (FASA-M) the copy is all that
  * stays in memory; keys and values go to the file.
@@ -55,7 +55,7 @@ typedef struct kvcache {
     int n_tiles;     /* tiles of 16 keys per (layer, KV head): n_ctx rounded up */
     int16_t *tip_map;/* (n_layer, n_kv_head, tip_width) */
     uint8_t *tq;     /* (n_layer, n_kv_head, n_tiles, tip_width / 8, 64) 4-bit values (ops_tip_q4) */
-    float *tscale;   /* (n_layer, n_kv_head, 16 n_tiles) one scale per key */
+    uint16_t *tscale;/* (n_layer, n_kv_head, 16 n_tiles) one f16 scale per key */
 } kvcache;
 
 int  kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head, const kv_opts *o, char *err);
@@ -121,7 +121,7 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
 float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v);
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
 /* Bytes the copy holds per key (values and scale). */
-static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kv->tip_width ? (size_t)kv->tip_width / 2 + 4 : 0; }
+static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kv->tip_width ? (size_t)kv->tip_width / 2 + 2 : 0; }
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);

@@ -832,7 +832,7 @@ void ops_geglu(float *a, const float *b, int n)
 /* ---- TIP over 4-bit keys (ops.h: ops_tip_q4) ------------------------------------------------- */
 
 void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                    const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+                    const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const size_t tile = (size_t)tw / 8 * 64;
     for (int t = 0; t < n_tiles; t++)
@@ -845,7 +845,9 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
                         dot +=
                             (v & 15) * qi[(size_t)h * ldq + 8 * j + b] + (v >> 4) * qi[(size_t)h * ldq + 8 * j + 4 + b];
                     }
-                S[(size_t)h * ldo + 16 * t + r] = (float)(dot - 8 * qsum[h]) * (kscale[16 * t + r] * qscale[h]);
+                float ks;
+                ops_f16_to_f32(&ks, kscale + 16 * t + r, 1);
+                S[(size_t)h * ldo + 16 * t + r] = (float)(dot - 8 * qsum[h]) * (ks * qscale[h]);
             }
 }
 
@@ -854,7 +856,7 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
  * of the dot product (the row's 4 nibbles times the query's 4 bytes, broadcast), so no
  * horizontal sums are needed. */
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+                const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -873,7 +875,7 @@ void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsu
                 acc[h] = _mm512_dpbusd_epi32(acc[h], hi, _mm512_set1_epi32(b));
             }
         }
-        const __m512 ks = _mm512_loadu_ps(kscale + 16 * t);
+        const __m512 ks = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kscale + 16 * t)));
         for (int h = 0; h < nq; h++) {
             const __m512i d = _mm512_sub_epi32(acc[h], _mm512_set1_epi32(8 * qsum[h]));
             _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t,
@@ -885,7 +887,7 @@ void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsu
 /* Eight rows per register: vpmaddubsw multiplies the nibbles by the query bytes and adds pairs
  * (at most 2 x 15 x 127, no saturation), vpmaddwd by ones adds the pairs into a row's 4-dim sum. */
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+                const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -905,7 +907,7 @@ void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsu
                     acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(_mm256_add_epi16(pa, pb), ones));
                 }
             }
-            const __m256 ks = _mm256_loadu_ps(kscale + 16 * t + 8 * half);
+            const __m256 ks = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kscale + 16 * t + 8 * half)));
             for (int h = 0; h < nq; h++) {
                 const __m256i d = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(8 * qsum[h]));
                 _mm256_storeu_ps(S + (size_t)h * ldo + 16 * t + 8 * half,
@@ -915,7 +917,7 @@ void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsu
 }
 #else
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                const uint8_t *tiles, const float *kscale, int n_tiles, int tw)
+                const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, nq, tiles, kscale, n_tiles, tw);
 }
