@@ -23,8 +23,9 @@
  * The TIP copy (tip_width > 0): beside the keys, a compact copy of the dims the token importance
  * predictor reads (for each (layer, KV head), the dims tip_map lists: the union of its query
  * heads' dominant chunks), each key's values rounded to 4-bit integers with one f16 scale per key
- * (amax / 7, rounded to f16 before the values are: 2 bytes of the key's 2 + tip_width / 2). Ranking needs order, not exact values: on the calibration text this copy selects as
- * well as exact keys (README, Accuracy) at 4 bits a value. It is laid out in tiles of 16 keys for
+ * (amax / 7, rounded to f16 before the values are rounded against it): 2 + tip_width / 2 bytes a
+ * key. Ranking needs order, not exact values: on the calibration text this copy selects as well
+ * as exact keys (README, Accuracy) at 4 bits a value. It is laid out in tiles of 16 keys for
  * ops_tip_q4 and read only by kvcache_tip_scores. With a cold tier (FASA-M) the copy is all that
  * stays in memory; keys and values go to the file.
  */
