@@ -44,7 +44,8 @@ static const char usage_text[] =
     "                        oracle, stream, snapkv, h2o, quest, random (default per task); fasa's\n"
     "                        variants combine, e.g. fasa-1/4-block-s0-r64@20.14: -sN sinks (default\n"
     "                        4), -rN recent tokens (default half the budget), @L.L dense layers\n"
-    "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024)\n"
+    "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024);\n"
+    "                        speed: one N, or auto as 'fasa run --budget auto' (--target-mass P)\n"
     "      --k LIST          K values (ca; default 64,256,512,768,1024,2048)\n"
     "      --context LIST    C (ppl; default 4096,8192), passkey lengths (default 1024,2048,4096,8192),\n"
     "                        ruler lengths (default 4096,8192,16384,32768)\n"
@@ -62,6 +63,8 @@ static const char usage_text[] =
     "                        (default), group, union\n"
     "      --per-head        speed: the same as --tip union (older name)\n"
     "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
+    "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
+    "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
     "      --steps M         decode steps (default 256)\n"
     "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
     "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
@@ -185,6 +188,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
  * caller), or -1 after saying why. */
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
+static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
 static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
 {
@@ -220,7 +224,12 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];
-    if (strcmp(budgets, "128,256,512,1024")) {
+    if (!strcmp(budgets, "auto")) {   /* as 'fasa run --budget auto' */
+        cfg.target_mass = target_mass > 0 ? (float)target_mass : SESSION_AUTO_MASS;
+        cfg.budget = SESSION_AUTO_MAX;
+    } else if (target_mass > 0) {
+        return die_usage("--target-mass goes with --budget auto");
+    } else if (strcmp(budgets, "128,256,512,1024")) {
         if (parse_ints("--budget", budgets, budget, 1, 1, 1 << 24) < 0) return EXIT_USAGE;
         cfg.budget = budget[0];
     }
@@ -267,6 +276,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         cJSON_AddNumberToObject(o, "fcs", w->fcs);
         if (w->fcs) cJSON_AddStringToObject(o, "tip", fasa_tip_name(cfg.tip));
         if (w->fcs) cJSON_AddNumberToObject(o, "tip_bytes_per_key", w->tip_bytes);
+        if (w->fcs) cJSON_AddNumberToObject(o, "attended", w->attended);
+        if (w->fcs && cfg.target_mass > 0) cJSON_AddNumberToObject(o, "target_mass", cfg.target_mass);
         cJSON_AddStringToObject(o, "kv_type", kv_type_name(w->kv_f16));
         cJSON_AddNumberToObject(o, "context", w->depth);
         cJSON_AddNumberToObject(o, "value", w->decode_tok_s);
@@ -293,13 +304,15 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         puts(js);
         free(js);
     } else {
-        printf("%-7s %6s %9s %8s %9s %7s %6s %9s %9s %9s\n", "policy", "depth", "tok/s", "attn ms", "MB/token",
-               "GB/s", "roof", "KV res MB", "KV coldMB", "+AnonMB");
+        printf("%-7s %6s %9s %8s %9s %7s %6s %9s %9s %9s %8s\n", "policy", "depth", "tok/s", "attn ms", "MB/token",
+               "GB/s", "roof", "KV res MB", "KV coldMB", "+AnonMB", "N/query");
         for (int i = 0; i < n_rows; i++) {
             const speed_row *w = &rows[i];
-            printf("%-7s %6d %9.2f %8.2f %9.1f %7.2f %5.1f%% %9.1f %9.1f %9.1f\n", w->policy, w->depth, w->decode_tok_s,
+            printf("%-7s %6d %9.2f %8.2f %9.1f %7.2f %5.1f%% %9.1f %9.1f %9.1f", w->policy, w->depth, w->decode_tok_s,
                    w->attn_ms, w->bytes_per_token / 1e6, w->gb_s, 100 * w->roofline, w->kv_resident_mb, w->kv_cold_mb,
                    w->rss_anon_mb);
+            if (w->fcs) printf(" %8.1f\n", w->attended);
+            else printf(" %8s\n", "-");
         }
         /* ratios from this one run */
         for (int i = 0; i < n_rows; i++) {
@@ -324,14 +337,14 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         FILE *f = open_memstream(&buf, &blen);
         if (!f) { cJSON_Delete(a); die("out of memory"); goto out; }
         fprintf(f, "policy,kv_type,depth,budget,fcs,decode_tok_s,attn_ms,bytes_per_token,gb_s,roofline,prefill_tok_s,"
-                   "kv_resident_mb,kv_cold_mb,kv_total_mb,rss_anon_mb,rss_file_mb,peak_rss_mb\n");
+                   "kv_resident_mb,kv_cold_mb,kv_total_mb,rss_anon_mb,rss_file_mb,peak_rss_mb,attended\n");
         for (int i = 0; i < n_rows; i++) {
             const speed_row *w = &rows[i];
-            fprintf(f, "%s,%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f\n", w->policy,
+            fprintf(f, "%s,%s,%d,%d,%d,%.3f,%.4f,%.0f,%.3f,%.4f,%.2f,%.3f,%.3f,%.3f,%.1f,%.1f,%.1f,%.2f\n", w->policy,
                     kv_type_name(w->kv_f16), w->depth,
                     w->budget, w->fcs, w->decode_tok_s, w->attn_ms, w->bytes_per_token, w->gb_s, w->roofline,
                     w->prefill_tok_s, w->kv_resident_mb, w->kv_cold_mb, w->kv_total_mb, w->rss_anon_mb, w->rss_file_mb,
-                    w->peak_rss_mb);
+                    w->peak_rss_mb, w->attended);
         }
         fclose(f);
         int wrc = write_file_atomic(csv, buf, blen);
@@ -372,6 +385,7 @@ int cmd_bench(int argc, char **argv)
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
+        { "target-mass", required_argument, 0, 'm' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -407,6 +421,9 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
+        case 'm':
+            if (parse_float("--target-mass", optarg, 1e-3, 0.999, &target_mass)) return EXIT_USAGE;
+            break;
         case 'Y': if (parse_kv_type(optarg, &kv_f16)) return EXIT_USAGE; break;
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
@@ -434,6 +451,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (strcmp(task, "ca") && strcmp(task, "ppl") && strcmp(task, "passkey") && strcmp(task, "ruler"))
         return die_usage("--task '%s' is not available (ca, ppl, passkey, ruler, speed)", task);
+    if (target_mass > 0) return die_usage("--target-mass is for --task speed with --budget auto (else: default-aPP)");
     const int ruler = !strcmp(task, "ruler");
     uint64_t ruler_tasks = 0;
     if (ruler && task_list) {

@@ -126,9 +126,9 @@ _fasa()
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
-              --tip --samples --tasks --quick --show --ids --rerank --help"
+              --tip --samples --tasks --quick --show --ids --rerank --target-mass --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank"
+                 --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank --target-mass"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;

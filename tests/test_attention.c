@@ -586,6 +586,63 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
     env_close(&e);
 }
 
+/* The budget that sets itself (policy_opts.auto_mass) on the fused decode step chooses what the
+ * per-query path chooses: the same logits and the same tokens attended per query, for 1 and 3
+ * threads (a head's row cut between threads, or whole). It does set itself: the mean count lies
+ * strictly between the minimum and the largest budget, and a higher target mass attends to
+ * more tokens. */
+Test(attention, auto_budget_routes_agree, .timeout = 60)
+{
+    env e;
+    env_open(&e, 49);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    const attn_obs watch = { .on_query = noop_query };
+    ops_threads_adaptive(0);
+    double mean[2] = { 0 };
+    for (int mass = 0; mass < 2; mass++) {
+        policy pol;
+        policy_opts o = policy_defaults(POLICY_FASA, e.m, 96);
+        o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.tip_bits = 4;
+        o.auto_mass = mass ? 0.95f : 0.8f, o.auto_min = 24, o.n_recent = 8;
+        cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            omp_set_num_threads(nt);
+            float *out[2];
+            double sel[2];
+            for (int k = 0; k < 2; k++) {
+                kv_opts ko = { .f16 = 1 };
+                policy_kv_opts(&pol, &ko);
+                run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
+                cr_assert_not_null(s, "%s", err);
+                for (int i = 0; i < 200; i += 50)
+                    cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
+                cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
+                s->obs = k ? &watch : NULL;
+                out[k] = malloc(sizeof(float) * 40 * V);
+                policy_selected(&pol, NULL);
+                for (int i = 200; i < 240; i++) {
+                    cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                    memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+                }
+                sel[k] = policy_selected(&pol, NULL);
+                run_state_free(s);
+            }
+            cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "P %g, %d threads: fused and per-query differ (%g)",
+                          o.auto_mass, nt, max_rel(out[0], out[1], 40 * V));
+            cr_expect_float_eq(sel[0], sel[1], 1e-9, "P %g, %d threads: %g vs %g tokens per query", o.auto_mass, nt,
+                               sel[0], sel[1]);
+            cr_expect(sel[0] > o.auto_min && sel[0] < o.budget, "P %g: %g tokens per query, not set by the mass",
+                      o.auto_mass, sel[0]);
+            mean[mass] = sel[0];
+            free(out[0]), free(out[1]);
+        }
+        policy_free(&pol);
+    }
+    cr_expect_gt(mean[1], mean[0], "a higher target mass should attend to more tokens");
+    env_close(&e);
+}
+
 /* Rerank (policy_opts.rerank): when TIP's picks cover every row between the forced ones, their
  * exact scores choose as exact keys do, on the fused decode step and on the per-query path
  * alike; without rerank the 4-bit TIP chooses otherwise, so the test can tell. */

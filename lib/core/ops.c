@@ -742,6 +742,46 @@ void ops_exp(float *y, const float *x, int n)
 }
 #endif
 
+float ops_exp_shifted_ref(float *y, const float *x, int n, float scale, double *sum)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
+    *sum = s;
+    return mx;
+}
+
+float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum)
+{
+#ifdef OPS_AVX2
+    if (n >= 8) {
+        __m256 vmx = _mm256_loadu_ps(x);
+        int i = 8;
+        for (; i + 8 <= n; i += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(x + i));
+        float lane[8], mx;
+        _mm256_storeu_ps(lane, vmx);
+        mx = lane[0];
+        for (int j = 1; j < 8; j++) mx = lane[j] > mx ? lane[j] : mx;
+        for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        const __m256 m = _mm256_set1_ps(mx), sc = _mm256_set1_ps(scale);
+        __m256 acc = _mm256_setzero_ps();
+        for (i = 0; i + 8 <= n; i += 8) {
+            const __m256 e = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sc));
+            _mm256_storeu_ps(y + i, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        _mm256_storeu_ps(lane, acc);
+        double s = 0;
+        for (int j = 0; j < 8; j++) s += lane[j];
+        for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
+        *sum = s;
+        return mx;
+    }
+#endif
+    return ops_exp_shifted_ref(y, x, n, scale, sum);
+}
+
 void ops_softmax_ref(float *x, int n)
 {
     float max = x[0];

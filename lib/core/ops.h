@@ -121,6 +121,10 @@ void ops_geglu_ref(float *a, const float *b, int n);
 /* y[i] = exp(x[i]), the vectorised exp: within 2e-7 relative of expf for x in [-87.3, 88.3];
  * 0 below, exp(88.3) above. y may be x. */
 void ops_exp(float *y, const float *x, int n);
+/* y[i] = exp((x[i] - max) * scale), the same exp, over finite x; returns max and *sum the sum of
+ * the y (the unnormalised softmax of x / scale and its mass). y may be x. */
+float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum);
+float ops_exp_shifted_ref(float *y, const float *x, int n, float scale, double *sum);
 
 /* The token importance predictor over a 4-bit key copy (kvcache.h: tip copy). Keys come in tiles
  * of 16 rows; a tile holds tw / 8 groups of 64 bytes, and in group j byte 4 r + b holds dim

@@ -140,6 +140,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     /* fasa-c and fasa-m as `fasa run` makes them (session_fasa), with this run's budget, F, layout */
     session_opts so = session_defaults();
     so.budget = cfg->budget, so.fcs = fcs, so.tip = cfg->tip, so.kv_cold = cfg->cold_dir;
+    so.target_mass = cfg->target_mass;
     if (cfg->rerank >= 0) so.rerank = cfg->rerank;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
@@ -199,6 +200,8 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
      * falls on all of them alike, so the ratios of one run hold. */
     for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
         const int depth = cfg->depths[di];
+        for (int pi = 0; pi < P; pi++)
+            if (u[pi].have_pol) policy_selected(&u[pi].pol, NULL);   /* counts from this depth on */
         for (int r = 0; r < R && rc == 0; r++)
             for (int pi = 0; pi < P && rc == 0; pi++) {
                 run_state *s = u[pi].s;
@@ -224,6 +227,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             /* what TIP streams per key and KV head: the copy, or the f16/f32 block */
             if (w->fcs)
                 w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
+            if (w->fcs) w->attended = policy_selected(&u[pi].pol, NULL);
             w->decode_tok_s = median(tps + pi * R, R);
             w->attn_ms = median(attn + pi * R, R);
             w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;

@@ -24,6 +24,8 @@ typedef struct speed_cfg {
     int n_policy;
     enum speed_policy policies[SPEED_COUNT];
     int budget, fcs;              /* fasa, quest: N; fasa: F (0: the profile's) */
+    float target_mass;            /* fasa, > 0: a budget that sets itself ('fasa run --budget auto'),
+                                   * this share of the mass, budget its largest */
     int steps, repeats;           /* decode tokens per repeat; repeats (median) */
     int n_fill;                   /* tokens prefilled for real before tiling (and timed) */
     const char *cold_dir;         /* fasa-m's cold tier */
@@ -40,6 +42,8 @@ typedef struct speed_row {
     char policy[16];
     int depth, budget, fcs;
     int tip_bytes;                /* fasa: bytes per key and KV head TIP reads (the copy or the block) */
+    double attended;              /* fasa: tokens attended per query and head where it selects, mean
+                                   * over the steps (the budget, or what auto chose) */
     int kv_f16;
     double decode_tok_s;          /* median over repeats */
     double attn_ms;               /* attention per token (median) */

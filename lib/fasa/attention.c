@@ -285,8 +285,10 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
                       model_layer_local(&m->cfg, l);
     if (dense) return !s->obs && !s->stats && grp <= 8 && m->cfg.d_head <= 1024 ? ATTN_DENSE_DECODE : ATTN_PER_QUERY;
     int lo, hi;
-    if (tip_block_ok(m, s) && !s->obs && !s->stats && !(p->o.auto_mass > 0) &&
-        policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo) {
+    /* a budget that sets itself takes this path when the forced rows leave room under its minimum
+     * (policy_select then always chooses among [lo, hi)) and TIP's picks are not reranked */
+    if (tip_block_ok(m, s) && !s->obs && !s->stats && policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo &&
+        (!(p->o.auto_mass > 0) || (p->o.rerank <= 1 && lo + (t1 - hi) < p->o.auto_min))) {
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
         const int mid = tip_picks(p, p->o.budget - lo - (t1 - hi), hi - lo);
         if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)

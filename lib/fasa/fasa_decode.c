@@ -16,6 +16,7 @@
  * p->cand holds, per (thread, head), mid packed keys (topk_pack) or, when the thread scored the
  * whole row, the head's indices (int32, ascending); p->cand_n their count, -1 - count for the
  * latter. */
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -67,9 +68,36 @@ static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, 
                        p->tip_ld);
 }
 
+/* The budget that sets itself (policy_opts.auto_mass), as policy_select counts it: head h's TIP
+ * scores of the forced rows beside those of [lo, hi) already in its row, and how many of the
+ * candidates cand[0..n) (its best keep) the fewest tokens reaching the target mass need, within
+ * the minimum and keep; *bar: the score those reach when the count is theirs (not raised to the
+ * minimum), else NaN. */
+static int auto_keep(const model *m, run_state *s, int l, int h, int lo, int hi, int keep, const int32_t *cand, int n,
+                     const float *tq, int ldq, float *bar)
+{
+    policy *p = s->policy;
+    const int t1 = s->n_past + 1, g = h / (m->cfg.n_head / m->cfg.n_kv_head), forced = lo + (t1 - hi);
+    float *row = p->tip + (size_t)h * p->tip_ld;
+    const float *q = tq + (size_t)h * ldq;
+    for (int r = 0; r < 2; r++) {   /* the sinks, then the recent window */
+        const int a = r ? hi : 0, b = r ? t1 : lo;
+        if (b <= a) continue;
+        if (p->o.tip_bits) kvcache_tip_scores(&s->kv, l, g, a, b, q, 1, ldq, row, p->tip_ld);
+        else kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, q, 1, ldq, 1.0f, row + a, p->tip_ld);
+    }
+    float *e = p->score + (size_t)omp_get_thread_num() * p->n_ctx;
+    const int c = forced + policy_auto_count(row, t1, lo, hi, cand, n, 1 / sqrtf((float)m->cfg.d_head),
+                                             p->o.auto_mass, e, bar);
+    const int budget = c < p->o.auto_min ? p->o.auto_min : c < keep + forced ? c : keep + forced;
+    if (budget != c) *bar = NAN;
+    return budget - forced;
+}
+
 /* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
  * n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
-static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int keep, int nt)
+static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int keep, int nt,
+                      const float *tq, int ldq)
 {
     const int H = m->cfg.n_head, t1 = s->n_past + 1, tid = omp_get_thread_num();
     policy *p = s->policy;
@@ -88,7 +116,21 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
         if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
         else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
     }
-    if (k < 0) k = topk_keys(keys, n, mid, t1, idx);
+    if (k < 0) k = topk_keys(keys, n, mid, t1, idx), rows = idx;
+    float bar = NAN;
+    const int want = p->o.auto_mass > 0 ? auto_keep(m, s, l, it, lo, hi, keep, rows, k, tq, ldq, &bar) : mid;
+    if (k > want) {   /* the picks cut to the budget auto chose: those its count took, or the best want */
+        const float *row = p->tip + (size_t)it * p->tip_ld;
+        int n_kept = 0;
+        if (bar == bar) {
+            for (int j = 0; j < k; j++)
+                if (row[rows[j]] >= bar) idx[n_kept++] = rows[j];
+        } else {
+            for (int j = 0; j < k; j++) keys[j] = topk_pack(row[rows[j]], (uint32_t)rows[j]);
+            n_kept = topk_keys(keys, k, want, t1, idx);
+        }
+        k = n_kept, rows = idx;
+    }
     if (k > keep && p->rr) {   /* rerank: the exact scores of TIP's picks keep the best */
         if (rows != idx) memcpy(idx, rows, sizeof *idx * k);
         s->bytes_kv[8 * tid] += (uint64_t)(k - keep) * m->cfg.d_head * kvcache_esz(&s->kv);
@@ -133,7 +175,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
                      * prefetches them again, which measured faster than relying on this alone:
                      * 1,024 lines per head are more than stay in flight, or in cache, while TIP
                      * streams the next group) */
-                    kvcache_prefetch(&s->kv, l, g, out, n);
+                    if (!(p->o.auto_mass > 0)) kvcache_prefetch(&s->kv, l, g, out, n);   /* (auto: fewer) */
                 } else {
                     for (int j = 0; j < n; j++) cand[j] = topk_pack(row[idx[j]], (uint32_t)(a + idx[j]));
                     cn[h] = n;
@@ -145,12 +187,12 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
          * here (its picks are in this core's cache); the rest, the recent windows first, then the
          * cut heads, the sinks last, go to whichever thread is free */
         for (int h = 0; h < H; h++)
-            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt);
+            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt, tq, ldq);
 #pragma omp for schedule(dynamic, 1) nowait
         for (int j = 0; j < G + H + G; j++) {
             if (j >= G && j < G + H && tip_owner((j - G) / grp, nt, G, lo, hi) >= 0) continue;
             fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
-                      nt);
+                      nt, tq, ldq);
         }
     }
     attn_merge(m, s, 3);

@@ -277,35 +277,45 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
 static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
 static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
-/* The budget that sets itself: how many of the candidates [lo, hi) the fewest tokens whose
- * estimated attention mass reaches P need beside the forced ones. TIP's scores stand for the
- * logits (scale 1/sqrt(d)); the candidates' masses are summed by score in 256 bins, from the top,
- * so the count is exact to a bin. e: t floats of scratch. */
-static int auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e)
+/* bin of x among nb from lo on, inv = nb / range (clamped to the bins; NaN in bin 0) */
+static inline int auto_bin(float x, float lo, float inv, int nb)
 {
-    float mx = -INFINITY, cmn = INFINITY, cmx = -INFINITY;
-    for (int i = 0; i < t; i++) mx = S[i] > mx ? S[i] : mx;
-    for (int i = lo; i < hi; i++) cmn = S[i] < cmn ? S[i] : cmn, cmx = S[i] > cmx ? S[i] : cmx;
-    for (int i = 0; i < t; i++) e[i] = (S[i] - mx) * scale;
-    ops_exp(e, e, t);
-    double total = 0, forced = 0;
-    for (int i = 0; i < t; i++) total += e[i];
+    const float f = (x - lo) * inv;
+    return f >= nb - 1 ? nb - 1 : f > 0 ? (int)f : 0;
+}
+
+int policy_auto_count(const float *S, int t, int lo, int hi, const int32_t *cand, int n_cand, float scale, float P,
+                      float *e, float *bar)
+{
+    *bar = INFINITY;
+    float cmn = INFINITY, cmx = -INFINITY;
+    for (int j = 0; j < n_cand; j++) {
+        const float x = S[cand[j]];
+        cmn = x < cmn ? x : cmn, cmx = x > cmx ? x : cmx;
+    }
+    double total;
+    ops_exp_shifted(e, S, t, scale, &total);
+    double forced = 0;   /* the sinks and the recent window: a few hundred at most */
     for (int i = 0; i < lo; i++) forced += e[i];
     for (int i = hi; i < t; i++) forced += e[i];
     const double need = P * total - forced;
-    if (need <= 0 || hi <= lo || !(cmx > -INFINITY)) return 0;
+    if (need <= 0 || n_cand <= 0 || !(cmx > -INFINITY)) return 0;
     enum { NB = 256 };
     double mass[NB] = { 0 };
     int cnt[NB] = { 0 };
-    const float w = cmx > cmn ? (cmx - cmn) / NB : 1;
-    for (int i = lo; i < hi; i++) {
-        int b = (int)fminf((S[i] - cmn) / w, NB - 1);
-        b = b < 0 ? 0 : b;
-        mass[b] += e[i], cnt[b]++;
+    const float inv = cmx > cmn ? NB / (cmx - cmn) : 0;
+    for (int j = 0; j < n_cand; j++) {
+        const int b = auto_bin(S[cand[j]], cmn, inv, NB);
+        mass[b] += e[cand[j]], cnt[b]++;
     }
     double cum = 0;
     int k = 0;
-    for (int b = NB - 1; b >= 0 && cum < need; b--) cum += mass[b], k += cnt[b];
+    int b = NB;
+    while (b > 0 && cum < need) b--, cum += mass[b], k += cnt[b];
+    for (int j = 0; j < n_cand; j++) {   /* the lowest score in the bins taken */
+        const float x = S[cand[j]];
+        if (x < *bar && auto_bin(x, cmn, inv, NB) >= b) *bar = x;
+    }
     return k;
 }
 
@@ -435,7 +445,13 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     int lo, hi;
     if (o->auto_mass > 0 && o->kind == POLICY_FASA) {
         policy_forced(o, t, budget, &lo, &hi);
-        const int n = lo + (t - hi) + auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass, (float *)sc->sel);
+        /* the candidates: the best budget - forced of [lo, hi), in idx until the selection below */
+        const int nc = hi > lo && budget > lo + (t - hi) ? topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx,
+                                                                        sc->sel) : 0;
+        for (int j = 0; j < nc; j++) idx[j] += lo;
+        float bar;
+        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, idx, nc, 1.0f / sqrtf((float)d), o->auto_mass,
+                                                        (float *)sc->sel, &bar);
         budget = n < o->auto_min ? o->auto_min : n < budget ? n : budget;
         if (budget >= t) return -1;
     }
