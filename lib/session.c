@@ -225,7 +225,7 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         snprintf(tip, sizeof tip,
                  "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims, %d bytes "
                  "a key)",
-                 ss->pol.tip_width, ss->pol.tip_width / 2 + 4);
+                 ss->pol.tip_width, (int)kvcache_tip_key_bytes(ss->pol.tip_width));
     else
         snprintf(tip, sizeof tip, "%s",
                  po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"

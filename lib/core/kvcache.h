@@ -122,7 +122,9 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
 float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v);
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
 /* Bytes the copy holds per key (values and scale). */
-static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kv->tip_width ? (size_t)kv->tip_width / 2 + 2 : 0; }
+/* Bytes a key of tw dims takes in the TIP copy (its nibbles and its f16 scale), and in kv's. */
+static inline size_t kvcache_tip_key_bytes(int tw) { return tw > 0 ? (size_t)tw / 2 + 2 : 0; }
+static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kvcache_tip_key_bytes(kv->tip_width); }
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);

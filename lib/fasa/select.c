@@ -198,7 +198,7 @@ uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz)
 {
     switch (p->o.kind) {
     case POLICY_FASA: case POLICY_RANDOM:
-        if (p->o.tip_bits) return (uint64_t)t * (p->tip_width / 2 + 2);   /* the copy: nibbles and an f16 scale */
+        if (p->o.tip_bits) return (uint64_t)t * kvcache_tip_key_bytes(p->tip_width);   /* the copy */
         return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
     case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
