@@ -548,6 +548,31 @@ Test(ops, exp_matches_expf)
     free(x); free(y);
 }
 
+/* exp((x - max) scale) and its sum against the twin, for lengths with and without a scalar tail:
+ * the same max exactly, values within 1e-6 relative (1e-35 absolute where the fast exp flushes
+ * an underflow to 0), sums within 1e-6 relative; a second vector holding the max, and y = x. */
+Test(ops, exp_shifted_matches_scalar)
+{
+    uint64_t r = 11;
+    const int ns[] = { 1, 7, 8, 33, 4099 };
+    for (int c = 0; c < 5; c++) {
+        const int n = ns[c];
+        float *x = malloc(sizeof(float) * n), *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) x[i] = (float)(sampler_rand(&r) * 80 - 40);
+        if (n > 9) x[9] = 45;
+        double sa, sb;
+        const float ma = ops_exp_shifted(a, x, n, 0.125f, &sa), mb = ops_exp_shifted_ref(b, x, n, 0.125f, &sb);
+        cr_expect_eq(ma, mb, "n %d: max %g vs %g", n, ma, mb);
+        for (int i = 0; i < n; i++)
+            cr_expect(fabsf(a[i] - b[i]) <= 1e-6f * fabsf(b[i]) + 1e-35f, "n %d, %d: %g vs %g", n, i, a[i], b[i]);
+        cr_expect(fabs(sa - sb) <= 1e-6 * sb, "n %d: sum %g vs %g", n, sa, sb);
+        memcpy(a, x, sizeof(float) * n);   /* in place */
+        ops_exp_shifted(a, a, n, 0.125f, &sa);
+        cr_expect(fabs(sa - sb) <= 1e-6 * sb, "n %d: in place, sum %g vs %g", n, sa, sb);
+        free(x); free(a); free(b);
+    }
+}
+
 /* softmax and swiglu against their twins: 1e-6 relative, plus 1e-35 absolute where one of them
  * underflows (softmax: the fast exp flushes results below FLT_MIN to 0; swiglu of a < -88: expf
  * overflows to inf in the twin, giving 0, and the fast one gives a / 2.4e38). */

@@ -121,7 +121,6 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
  * (float)(sum_j v[j] qi[j]) * (key scale * query scale). */
 float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v);
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
-/* Bytes the copy holds per key (values and scale). */
 /* Bytes a key of tw dims takes in the TIP copy (its nibbles and its f16 scale), and in kv's. */
 static inline size_t kvcache_tip_key_bytes(int tw) { return tw > 0 ? (size_t)tw / 2 + 2 : 0; }
 static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kvcache_tip_key_bytes(kv->tip_width); }

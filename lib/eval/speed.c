@@ -225,9 +225,10 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             w->budget = sp == SPEED_FULL ? 0 : cfg->budget;
             w->fcs = sp == SPEED_FASA_C || sp == SPEED_FASA_M ? fcs : 0;
             /* what TIP streams per key and KV head: the copy, or the f16/f32 block */
-            if (w->fcs)
+            if (w->fcs) {
                 w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
-            if (w->fcs) w->attended = policy_selected(&u[pi].pol, NULL);
+                w->attended = policy_selected(&u[pi].pol, NULL);
+            }
             w->decode_tok_s = median(tps + pi * R, R);
             w->attn_ms = median(attn + pi * R, R);
             w->bytes_per_token = (double)m->weight_bytes + (double)u[pi].kv_read / cfg->steps;

@@ -54,18 +54,24 @@ static int tip_owner(int g, int nt, int G, int lo, int hi)
     return -1;
 }
 
-/* TIP of group g's heads over rows [a, b), into p->tip: from the 4-bit copy, or from the
- * contiguous dominant block. */
-static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, int ldq)
+/* TIP of heads h0..h0 + nh - 1 (of group g) over rows [a, b), into p->tip: from the 4-bit copy,
+ * or from the contiguous dominant block. */
+static void tip_heads(run_state *s, int l, int g, int h0, int nh, int a, int b, const float *tq, int ldq)
 {
     policy *p = s->policy;
-    const int grp = p->m->cfg.n_head / p->m->cfg.n_kv_head;
-    float *out = p->tip + (size_t)g * grp * p->tip_ld;
+    float *out = p->tip + (size_t)h0 * p->tip_ld;
     if (p->o.tip_bits)
-        kvcache_tip_scores(&s->kv, l, g, a, b, tq + (size_t)g * grp * ldq, grp, ldq, out, p->tip_ld);
+        kvcache_tip_scores(&s->kv, l, g, a, b, tq + (size_t)h0 * ldq, nh, ldq, out, p->tip_ld);
     else
-        kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)g * grp * ldq, grp, ldq, 1.0f, out + a,
+        kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, tq + (size_t)h0 * ldq, nh, ldq, 1.0f, out + a,
                        p->tip_ld);
+}
+
+/* TIP of group g's heads over rows [a, b). */
+static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, int ldq)
+{
+    const int grp = s->policy->m->cfg.n_head / s->policy->m->cfg.n_kv_head;
+    tip_heads(s, l, g, g * grp, grp, a, b, tq, ldq);
 }
 
 /* The budget that sets itself (policy_opts.auto_mass), as policy_select counts it: head h's TIP
@@ -79,13 +85,8 @@ static int auto_keep(const model *m, run_state *s, int l, int h, int lo, int hi,
     policy *p = s->policy;
     const int t1 = s->n_past + 1, g = h / (m->cfg.n_head / m->cfg.n_kv_head), forced = lo + (t1 - hi);
     float *row = p->tip + (size_t)h * p->tip_ld;
-    const float *q = tq + (size_t)h * ldq;
-    for (int r = 0; r < 2; r++) {   /* the sinks, then the recent window */
-        const int a = r ? hi : 0, b = r ? t1 : lo;
-        if (b <= a) continue;
-        if (p->o.tip_bits) kvcache_tip_scores(&s->kv, l, g, a, b, q, 1, ldq, row, p->tip_ld);
-        else kvcache_scores(&s->kv, KV_KEYS, l, g, a, NULL, b - a, q, 1, ldq, 1.0f, row + a, p->tip_ld);
-    }
+    if (lo > 0) tip_heads(s, l, g, h, 1, 0, lo, tq, ldq);   /* the sinks and the recent window */
+    if (t1 > hi) tip_heads(s, l, g, h, 1, hi, t1, tq, ldq);
     float *e = p->score + (size_t)omp_get_thread_num() * p->n_ctx;
     const int c = forced + policy_auto_count(row, t1, lo, hi, cand, n, 1 / sqrtf((float)m->cfg.d_head),
                                              p->o.auto_mass, e, bar);

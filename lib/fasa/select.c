@@ -303,19 +303,22 @@ int policy_auto_count(const float *S, int t, int lo, int hi, const int32_t *cand
     enum { NB = 256 };
     double mass[NB] = { 0 };
     int cnt[NB] = { 0 };
+    float low[NB];   /* each bin's lowest score */
+    for (int b = 0; b < NB; b++) low[b] = INFINITY;
     const float inv = cmx > cmn ? NB / (cmx - cmn) : 0;
     for (int j = 0; j < n_cand; j++) {
-        const int b = auto_bin(S[cand[j]], cmn, inv, NB);
+        const float x = S[cand[j]];
+        const int b = auto_bin(x, cmn, inv, NB);
         mass[b] += e[cand[j]], cnt[b]++;
+        low[b] = x < low[b] ? x : low[b];
     }
     double cum = 0;
     int k = 0;
     int b = NB;
     while (b > 0 && cum < need) b--, cum += mass[b], k += cnt[b];
-    for (int j = 0; j < n_cand; j++) {   /* the lowest score in the bins taken */
-        const float x = S[cand[j]];
-        if (x < *bar && auto_bin(x, cmn, inv, NB) >= b) *bar = x;
-    }
+    /* the last bin taken holds the lowest score taken: it added mass, or it is bin 0 (the lowest
+     * candidate's) */
+    *bar = low[b];
     return k;
 }
 
