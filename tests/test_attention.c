@@ -466,6 +466,17 @@ Test(attention, decode_bytes_counted_per_layout, .timeout = 60)
     env_close(&e);
 }
 
+
+/* A cache of 260 rows (ko) with e's first 200 ids prefilled in four batches, pol from there on. */
+static run_state *prefilled(env *e, const kv_opts *ko, policy *pol)
+{
+    char err[FASA_ERRLEN];
+    run_state *s = run_state_new_kv(e->m, 260, 64, ko, err);
+    cr_assert_not_null(s, "%s", err);
+    for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e->m, s, e->ids + i, 50, 0, err), 0, "%s", err);
+    cr_assert_eq(attention_use_policy(s, pol, 200, err), 0, "%s", err);
+    return s;
+}
 /* The forced tokens (sinks, recent window) attended once per KV group and merged into each head's
  * focused attention give what each head attending to all its rows gives (an observer turns the
  * shared path off), with 2, 3 and 5 threads each selecting from its own share of the TIP scores
@@ -494,10 +505,7 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
         float *out[2];
         uint64_t bytes[2];
         for (int k = 0; k < 2; k++) {
-            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
-            cr_assert_not_null(s, "%s", err);
-            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-            cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
+            run_state *s = prefilled(&e, &ko, &pol);
             s->obs = k ? &watch : NULL;
             out[k] = malloc(sizeof(float) * 40 * V);
             const uint64_t b0 = run_state_kv_bytes_read(s);
@@ -552,11 +560,8 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
         for (int k = 0; k < 4; k++) {
             kv_opts ko = { .f16 = 1 };
             if (k < 2) policy_kv_opts(&pol, &ko);
-            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
-            cr_assert_not_null(s, "%s", err);
+            run_state *s = prefilled(&e, &ko, k == 3 ? &exact : &pol);
             cr_assert_eq(s->kv.tip_width, k < 2 ? pol.tip_width : 0);
-            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-            cr_assert_eq(attention_use_policy(s, k == 3 ? &exact : &pol, 200, err), 0, "%s", err);
             s->obs = k == 1 ? &watch : NULL;
             out[k] = malloc(sizeof(float) * 40 * V);
             const uint64_t b0 = run_state_kv_bytes_read(s);
@@ -613,11 +618,7 @@ Test(attention, auto_budget_routes_agree, .timeout = 60)
             for (int k = 0; k < 2; k++) {
                 kv_opts ko = { .f16 = 1 };
                 policy_kv_opts(&pol, &ko);
-                run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
-                cr_assert_not_null(s, "%s", err);
-                for (int i = 0; i < 200; i += 50)
-                    cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-                cr_assert_eq(attention_use_policy(s, &pol, 200, err), 0, "%s", err);
+                run_state *s = prefilled(&e, &ko, &pol);
                 s->obs = k ? &watch : NULL;
                 out[k] = malloc(sizeof(float) * 40 * V);
                 policy_selected(&pol, NULL);
@@ -669,10 +670,7 @@ Test(attention, rerank_of_every_row_selects_as_exact_keys, .timeout = 60)
             policy *pk = &pol[k < 2 ? 0 : k - 1];
             kv_opts ko = { .f16 = 1 };
             if (k < 3) policy_kv_opts(pk, &ko);
-            run_state *s = run_state_new_kv(e.m, 260, 64, &ko, err);
-            cr_assert_not_null(s, "%s", err);
-            for (int i = 0; i < 200; i += 50) cr_assert_eq(model_forward(e.m, s, e.ids + i, 50, 0, err), 0, "%s", err);
-            cr_assert_eq(attention_use_policy(s, pk, 200, err), 0, "%s", err);
+            run_state *s = prefilled(&e, &ko, pk);
             s->obs = k == 1 ? &watch : NULL;
             out[k] = malloc(sizeof(float) * 40 * V);
             for (int i = 200; i < 240; i++) {
