@@ -563,19 +563,23 @@ Test(kernels, topn_packing_equals_lib_topk)
 Test(kernels, topn_radix_select_equals_lib_topk)
 {
     uint64_t r = 13;
-    const int ts[] = { 1, 2, 7, 100, 1000, 5000 };
-    float *s = malloc(sizeof(float) * 5000);
-    int32_t *a = malloc(sizeof(int32_t) * 5000), *b = malloc(sizeof(int32_t) * 5000);
-    uint64_t *scratch = malloc(sizeof(uint64_t) * 5000);
+    const int ts[] = { 1, 2, 7, 100, 1000, 5000, 8191 };
+    float *s = malloc(sizeof(float) * 8191);
+    int32_t *a = malloc(sizeof(int32_t) * 8191), *b = malloc(sizeof(int32_t) * 8191);
+    uint64_t *scratch = malloc(sizeof(uint64_t) * 8191);
     int max_passes = 0;
     for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
         const int t = ts[ti];
-        const int ns[] = { 1, t / 3 > 0 ? t / 3 : 1, t > 1 ? t - 1 : 1, t, t + 5, 256 };
-        for (int kind = 0; kind < 3; kind++) {
+        const int ns[] = { 1, t / 3 > 0 ? t / 3 : 1, t > 1 ? t - 1 : 1, t, t + 5, 256, 124, 1000 };
+        for (int kind = 0; kind < 5; kind++) {
+            /* kinds 3 and 4 take the sampled path for the small counts: TIP-like scores rising
+             * towards recent rows on a coarse grid (ties straddle the cut), and one NaN among them */
             for (int i = 0; i < t; i++)
                 s[i] = kind == 0 ? nrand(&r)
-                       : kind == 1 ? (float)(rng_next(&r) % 4) - 1.5f   /* heavy ties */
-                                   : ((rng_next(&r) & 1) ? 0.0f : -0.0f); /* only zeros of both signs */
+                       : kind == 1 ? (float)(rng_next(&r) % 4) - 1.5f             /* heavy ties */
+                       : kind == 2 ? ((rng_next(&r) & 1) ? 0.0f : -0.0f)          /* only zeros of both signs */
+                                   : roundf(8 * (3 * nrand(&r) + 2.0f * i / t)) / 8; /* ties at every value */
+            if (kind == 4) s[t / 2] = NAN;
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 int passes;
                 const int k = topn_twin(s, t, ns[ni], a, &passes);
@@ -593,6 +597,59 @@ Test(kernels, topn_radix_select_equals_lib_topk)
     free(a);
     free(b);
     free(scratch);
+}
+
+static int cmp_desc_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int cmp_asc_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* topk_keys (the merge of the threads' picks in FASA's decode step) against a full sort: spread
+ * scores, scores on a coarse grid (the keys stay distinct through their indices), every count
+ * from 1 to n, and a key given twice (the quickselect's fallback). */
+Test(kernels, topk_keys_equal_a_sort)
+{
+    uint64_t r = 21;
+    enum { N = 600 };
+    uint64_t key[N], sorted[N];
+    int32_t idx[N], want[N];
+    for (int kind = 0; kind < 3; kind++)
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 37) {
+            const int n_index = 3 * N;
+            for (int i = 0; i < n; i++) {
+                const float x = kind == 1 ? roundf(4 * nrand(&r)) / 4 : nrand(&r);
+                key[i] = topk_pack(x, (uint32_t)((i * 7 + 5) % n_index));   /* distinct indices */
+            }
+            if (kind == 2 && n > 2) key[n - 1] = key[0];
+            memcpy(sorted, key, sizeof(uint64_t) * n);
+            qsort(sorted, n, sizeof *sorted, cmp_desc_u64);
+            for (int k = 1; k <= n + 1; k += k < 8 ? 1 : 1 + n / 5) {
+                const int kk = k < n ? k : n;
+                uint64_t work[3 * N];
+                memcpy(work, key, sizeof(uint64_t) * n);
+                const int got = topk_keys(work, n, k, n_index, idx);
+                cr_assert_eq(got, kk, "kind %d n=%d k=%d: %d selected", kind, n, k, got);
+                for (int j = 0; j < kk; j++) want[j] = (int32_t)topk_index(sorted[j]);
+                qsort(want, kk, sizeof *want, cmp_asc_i32);
+                if (kind == 2 && n > 2) {   /* outside the contract (distinct keys): the indices it
+                                             * lists, ascending, are among the best (the repeated one
+                                             * is listed once), and nothing is written past k */
+                    for (int j = 0; j < kk && (j == 0 || idx[j] > idx[j - 1]); j++)
+                        cr_assert(bsearch(&idx[j], want, kk, sizeof *want, cmp_asc_i32), "kind %d n=%d k=%d: #%d",
+                                  kind, n, k, idx[j]);
+                    continue;
+                }
+                for (int j = 0; j < kk; j++)
+                    cr_assert_eq(idx[j], want[j], "kind %d n=%d k=%d: [%d] %d vs %d", kind, n, k, j, idx[j], want[j]);
+            }
+        }
 }
 
 /* --- FASA-M fetch addresses ------------------------------------------------------------------ */

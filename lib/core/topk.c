@@ -87,10 +87,12 @@ static int count_ge(const int32_t *v, int n, int32_t t)
     return c;
 }
 
-/* The k-th largest of v[0..n) (1 <= k <= n): a bisection on the value, each step one vector
- * count, at most 32 steps and no data-dependent branches (a quickselect over a few hundred keys
- * mispredicts about every other compare). */
-static int32_t kth_key(const int32_t *v, int n, int k)
+/* A cut t with exactly k of v[0..n) at or above it when there is one, else the k-th largest
+ * (then values equal to it straddle the k-th place); *c: how many are >= t. A bisection on the
+ * value, each step one vector count and no data-dependent branch (a quickselect over a few hundred
+ * keys mispredicts about every other compare); it stops at the first t that cuts at k, about
+ * log2(n) steps for spread values instead of up to 32. 1 <= k <= n. */
+static int32_t key_cut(const int32_t *v, int n, int k, int *c)
 {
     int32_t mn = v[0], mx = v[0];
     int i = 0;
@@ -105,33 +107,16 @@ static int32_t kth_key(const int32_t *v, int n, int k)
     for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
 #endif
     for (; i < n; i++) mn = v[i] < mn ? v[i] : mn, mx = v[i] > mx ? v[i] : mx;
-    int64_t lo = mn, hi = mx;   /* count_ge(lo) >= k throughout */
-    while (lo < hi) {
+    int64_t lo = mn, hi = mx;   /* count_ge(lo) = c_lo >= k throughout */
+    int c_lo = n;
+    while (lo < hi && c_lo != k) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (count_ge(v, n, (int32_t)mid) >= k) lo = mid;
+        const int cm = count_ge(v, n, (int32_t)mid);
+        if (cm >= k) lo = mid, c_lo = cm;
         else hi = mid - 1;
     }
+    *c = c_lo;
     return (int32_t)lo;
-}
-
-/* The r-th largest of v[0..n) for a small r (1 <= r <= n, r <= 64): the r largest so far kept
- * in descending order; a value enters only when it beats the r-th, a few dozen times for r = 8
- * of 256 random values. */
-static int32_t kth_small(const int32_t *v, int n, int r)
-{
-    int32_t best[64];
-    for (int i = 0; i < r; i++) {   /* the first r, sorted */
-        int j = i;
-        for (; j > 0 && best[j - 1] < v[i]; j--) best[j] = best[j - 1];
-        best[j] = v[i];
-    }
-    for (int i = r; i < n; i++) {
-        if (v[i] <= best[r - 1]) continue;
-        int j = r - 1;
-        for (; j > 0 && best[j - 1] < v[i]; j--) best[j] = best[j - 1];
-        best[j] = v[i];
-    }
-    return best[r - 1];
 }
 
 int topk_minmax(const float *x, int n, float *mn_out, float *mx_out)
@@ -197,80 +182,100 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
  * keeps every score >= it (a superset of the top k when there are at least k of them, since every
  * score left out is smaller than every one kept), and the exact top k is selected among those few.
  * Returns -1 when the guess keeps fewer than k or more than n / 4, or on NaN: the caller falls
- * back. */
+ * back. Every step is branch-free over the data: on scores that change from call to call (TIP's,
+ * a new query each step) branches on them mispredicted often enough to triple its time. */
 #define TSAMPLE 256
 static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
+    /* one position in each of 256 equal strata, jittered by a 16-bit hash of the stratum so that
+     * periodic scores are not sampled in phase (n < 2^23: every product fits in 32 bits) */
     int32_t smp[TSAMPLE];
-    for (int j = 0; j < TSAMPLE; j++) {   /* one position in each of 256 equal strata, jittered by a
-                                           * hash so that periodic scores are not sampled in phase */
-        const int64_t lo = (int64_t)j * n / TSAMPLE, hi = (int64_t)(j + 1) * n / TSAMPLE;
-        const uint32_t h = (uint32_t)(j + 1) * 2654435761u >> 8;   /* 24 bits, scaled to the stratum */
-        const float x = score[lo + (int64_t)(((uint64_t)h * (uint64_t)(hi - lo)) >> 24)];
-        if (x != x) return -1;
+    int nan = 0, j = 0;
+#ifdef __AVX512F__
+    const __m512i lane = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    const __m512i wn = _mm512_set1_epi32(n), golden = _mm512_set1_epi32((int32_t)2654435761u);
+    const __m512i flip = _mm512_set1_epi32(0x7FFFFFFF);
+    for (; j < TSAMPLE; j += 16) {
+        const __m512i j1 = _mm512_add_epi32(lane, _mm512_set1_epi32(j));   /* stratum + 1 */
+        const __m512i lo = _mm512_srli_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(j1, _mm512_set1_epi32(1)), wn), 8);
+        const __m512i hi = _mm512_srli_epi32(_mm512_mullo_epi32(j1, wn), 8);
+        const __m512i h = _mm512_srli_epi32(_mm512_mullo_epi32(j1, golden), 16);
+        const __m512i off = _mm512_srli_epi32(_mm512_mullo_epi32(h, _mm512_sub_epi32(hi, lo)), 16);
+        const __m512i pos = _mm512_add_epi32(lo, off);
+        const __m512 x = _mm512_i32gather_ps(pos, score, 4);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0;
+        const __m512i u = _mm512_castps_si512(x);
+        _mm512_storeu_si512(smp + j, _mm512_mask_xor_epi32(u, _mm512_movepi32_mask(u), u, flip));   /* fkey */
+    }
+#endif
+    for (; j < TSAMPLE; j++) {
+        const uint32_t lo = (uint32_t)j * (uint32_t)n >> 8, hi = (uint32_t)(j + 1) * (uint32_t)n >> 8;
+        const uint32_t h = (uint32_t)(j + 1) * 2654435761u >> 16;
+        const float x = score[lo + (h * (hi - lo) >> 16)];
+        nan |= x != x;
         smp[j] = fkey(x);
     }
-    int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
-    if (r >= TSAMPLE / 4) return -1;
-    const float thr = fkey_value(kth_small(smp, TSAMPLE, r));
-    int m = 0, nan = 0;
-    const int cap = n / 4;
-    int32_t *key = (int32_t *)scratch;   /* the candidates' keys (fkey), beside their indices */
-    int i = 0;
+    const int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
+    if (nan || r >= TSAMPLE / 4) return -1;
+    int c;
+    const float thr = fkey_value(key_cut(smp, TSAMPLE, r, &c));
+    /* the candidates' indices, ascending, in scratch (room for n + 16, so that a pass stores all
+     * sixteen lanes of what it packs); a NaN (unordered: "not less") is let in and found below */
+    int32_t *cand = (int32_t *)scratch, *key = cand + n + 16;   /* 2 n int32 in scratch: n >= 1024 */
+    int m = 0, i = 0;
 #ifdef __AVX512F__
-    /* sixteen at a time, the indices and keys of the scores >= thr packed by a compress with no
-     * branch per candidate; NaN (unordered) is noted on the way */
     const __m512 wt = _mm512_set1_ps(thr);
-    const __m512i step = _mm512_set1_epi32(16), flip = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i step = _mm512_set1_epi32(16);
     __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __mmask16 unord = 0;
     for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
-        const __m512 x = _mm512_loadu_ps(score + i);
-        const __mmask16 k = _mm512_cmp_ps_mask(x, wt, _CMP_GE_OQ);
-        unord |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        const int c = __builtin_popcount(k);
-        if (m + c > cap) return -1;
-        const __m512i u = _mm512_castps_si512(x);
-        const __m512i kx = _mm512_mask_xor_epi32(u, _mm512_movepi32_mask(u), u, flip);   /* fkey */
-        _mm512_mask_storeu_epi32(idx + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_epi32(k, iv));
-        _mm512_mask_storeu_epi32(key + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_epi32(k, kx));
-        m += c;
+        const __mmask16 in = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + i), wt, _CMP_NLT_UQ);
+        _mm512_storeu_si512(cand + m, _mm512_maskz_compress_epi32(in, iv));
+        m += __builtin_popcount(in);
     }
-    nan = unord != 0;
 #elif defined(__AVX2__)
     const __m256 vt = _mm256_set1_ps(thr);
-    __m256 vnan = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(score + i);
-        vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ));
-        if (!bits) continue;
-        if (m + 8 > cap) return -1;
-        for (; bits; bits &= bits - 1) idx[m] = i + __builtin_ctz(bits), key[m] = fkey(score[idx[m]]), m++;
+        unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(score + i), vt, _CMP_NLT_UQ));
+        for (; bits; bits &= bits - 1) cand[m++] = i + __builtin_ctz(bits);
     }
-    nan = _mm256_movemask_ps(vnan);
 #endif
-    for (; i < n; i++) {
-        nan |= score[i] != score[i];
-        if (score[i] >= thr) {
-            if (m >= cap) return -1;
-            idx[m] = i, key[m] = fkey(score[i]), m++;
+    for (; i < n; i++) cand[m] = i, m += !(score[i] < thr);
+    if (m < k || m > n / 4) return -1;
+    for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
+        const float x = score[cand[j]];
+        nan |= x != x;
+        key[j] = fkey(x);
+    }
+    if (nan) return -1;
+    const int32_t t = key_cut(key, m, k, &c);
+    /* keep those above t and, of those equal to it, the first ones (ties go to the lower index,
+     * as topk_pack orders them) */
+    int ties = c == k || t == INT32_MAX ? k : k - count_ge(key, m, t + 1), out = 0;
+    j = 0;
+#ifdef __AVX512F__
+    if (c == k) {   /* t cuts at k: exactly those >= t */
+        const __m512i wk = _mm512_set1_epi32(t);
+        for (; j + 16 <= m; j += 16) {
+            const __mmask16 in = _mm512_cmpge_epi32_mask(_mm512_loadu_si512(key + j), wk);
+            const int cnt = __builtin_popcount(in);
+            _mm512_mask_storeu_epi32(idx + out, (__mmask16)((1u << cnt) - 1),
+                                     _mm512_maskz_compress_epi32(in, _mm512_loadu_si512(cand + j)));
+            out += cnt;
         }
     }
-    if (nan || m < k) return -1;
-    const int32_t kth = kth_key(key, m, k);
-    /* the candidates are ascending: keep those above the k-th and, of those equal to it, the
-     * first ones (ties go to the lower index, as topk_pack orders them) */
-    int ties = k - (kth == INT32_MAX ? 0 : count_ge(key, m, kth + 1)), out = 0;
-    for (int j = 0; j < m; j++)
-        if (key[j] > kth || (key[j] == kth && ties-- > 0)) idx[out++] = idx[j];
+#endif
+    for (; j < m; j++) {
+        const int eq = key[j] == t, take = key[j] > t || (eq && ties > 0);
+        ties -= eq & take;
+        idx[out] = cand[j], out += take;
+    }
     return out;
 }
 
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
-    if (n >= 1024 && k <= n / 8) {   /* (it gives up early when its sample cannot resolve k) */
+    if (n >= 1024 && n < 1 << 23 && k <= n / 8) {   /* (it gives up early when its sample cannot resolve k) */
         int m = topk_sampled(score, n, k, idx, scratch);
         if (m >= 0) return m;
     }
@@ -282,16 +287,64 @@ int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scrat
     return topk_keys(scratch, n, k, n, idx);
 }
 
+/* How many of a[0..n) are >= t. */
+static int count_ge64(const uint64_t *a, int n, uint64_t t)
+{
+    int c = 0, i = 0;
+#ifdef __AVX512F__
+    const __m512i wt = _mm512_set1_epi64((long long)t);
+    for (; i + 8 <= n; i += 8) c += __builtin_popcount(_mm512_cmpge_epu64_mask(_mm512_loadu_si512(a + i), wt));
+#endif
+    for (; i < n; i++) c += a[i] >= t;
+    return c;
+}
+
+/* *t: the k-th largest of a[0..n), found as key_cut finds its cut (a branch-free bisection that
+ * stops at exactly k at or above it). Returns 0 when no value cuts at k (repeated keys). */
+static int cut64(const uint64_t *a, int n, int k, uint64_t *t)
+{
+    uint64_t lo = a[0], hi = a[0];
+    for (int i = 1; i < n; i++) lo = a[i] < lo ? a[i] : lo, hi = a[i] > hi ? a[i] : hi;
+    int c_lo = n;   /* count_ge64(lo) >= k throughout */
+    while (lo < hi && c_lo != k) {
+        const uint64_t mid = lo + (hi - lo) / 2 + 1;   /* in (lo, hi], with no overflow */
+        const int cm = count_ge64(a, n, mid);
+        if (cm >= k) lo = mid, c_lo = cm;
+        else hi = mid - 1;
+    }
+    *t = lo;
+    return c_lo == k;
+}
+
 int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx)
 {
     if (k > n) k = n;
-    topk_select(key, n, k);
-    for (int j = 0; j < k; j++) idx[j] = (int32_t)topk_index(key[j]);
+    if (k <= 0) return 0;
+    uint64_t t = 0;
+    int m = 0;
+    if (k < n && !cut64(key, n, k, &t)) {   /* repeated keys (not topk_pack's of distinct indices) */
+        topk_select(key, n, k);
+        for (; m < k; m++) idx[m] = (int32_t)topk_index(key[m]);
+    } else {   /* the k keys >= t */
+        int i = 0;
+#ifdef __AVX512F__
+        const __m512i wt = _mm512_set1_epi64((long long)t);
+        for (; i + 8 <= n; i += 8) {
+            const __mmask8 in = _mm512_cmpge_epu64_mask(_mm512_loadu_si512(key + i), wt);
+            const int cnt = __builtin_popcount(in);
+            const __m256i ix = _mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(in, _mm512_loadu_si512(key + i)));
+            _mm256_mask_storeu_epi32(idx + m, (__mmask8)((1u << cnt) - 1), _mm256_xor_si256(ix, _mm256_set1_epi32(-1)));
+            m += cnt;
+        }
+#endif
+        for (; i < n; i++)
+            if (key[i] >= t) idx[m++] = (int32_t)topk_index(key[i]);
+    }
     /* ascending order through a bitmap in the (now free) keys: O(n_index/64 + k), no sort */
     const int words = (n_index + 63) / 64;
     memset(key, 0, sizeof *key * words);
     for (int j = 0; j < k; j++) key[idx[j] >> 6] |= 1ull << (idx[j] & 63);
-    int m = 0;
+    m = 0;
     for (int w = 0; w < words; w++)
         for (uint64_t bits = key[w]; bits; bits &= bits - 1) idx[m++] = w * 64 + __builtin_ctzll(bits);
     return k;

@@ -37,7 +37,8 @@ static inline int topk_bin(float s, float mn, float scale, int nbins)
 /* The min(k, n) best of n scores, as ascending indices. Returns the count. */
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch);
 
-/* The min(k, n) best of n packed keys (topk_pack; indices below n_index), as ascending indices.
+/* The min(k, n) best of n packed keys (topk_pack of distinct indices below n_index), as ascending
+ * indices.
  * key[] is overwritten and must hold max(n, (n_index + 63) / 64) entries. Returns the count. */
 int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx);
 
