@@ -177,6 +177,27 @@ static int topk_hist(const float *score, int n, int k, int32_t *idx, uint64_t *s
     return m;
 }
 
+/* Which of x[0..64) are not below t (NaN is not below), as the bits of a mask: the filter's
+ * candidates are a few percent, so their bits are walked (packing every vector with a compress
+ * measured 2x slower on this machine's kind). */
+static inline uint64_t not_below64(const float *x, float t)
+{
+    uint64_t bits = 0;
+#ifdef __AVX512F__
+    const __m512 wt = _mm512_set1_ps(t);
+    for (int q = 0; q < 4; q++)
+        bits |= (uint64_t)_mm512_cmp_ps_mask(_mm512_loadu_ps(x + 16 * q), wt, _CMP_NLT_UQ) << 16 * q;
+#elif defined(__AVX2__)
+    const __m256 vt = _mm256_set1_ps(t);
+    for (int q = 0; q < 8; q++)
+        bits |= (uint64_t)(unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + 8 * q), vt, _CMP_NLT_UQ))
+                << 8 * q;
+#else
+    for (int q = 0; q < 64; q++) bits |= (uint64_t)!(x[q] < t) << q;
+#endif
+    return bits;
+}
+
 /* Sampled threshold, for k well below n (FASA's budget over a long cache): the scores at 256
  * spread positions give a value that about 1.5 k + 64 scores should reach; one vector pass
  * keeps every score >= it (a superset of the top k when there are at least k of them, since every
@@ -219,26 +240,13 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     if (nan || r >= TSAMPLE / 4) return -1;
     int c;
     const float thr = fkey_value(key_cut(smp, TSAMPLE, r, &c));
-    /* the candidates' indices, ascending, in scratch (room for n + 16, so that a pass stores all
-     * sixteen lanes of what it packs); a NaN (unordered: "not less") is let in and found below */
-    int32_t *cand = (int32_t *)scratch, *key = cand + n + 16;   /* 2 n int32 in scratch: n >= 1024 */
+    /* the candidates' indices, ascending, in scratch; a NaN (unordered: "not less") is let in and
+     * found below */
+    int32_t *cand = (int32_t *)scratch, *key = cand + n;   /* 2 n int32 in scratch: n >= 1024 */
     int m = 0, i = 0;
-#ifdef __AVX512F__
-    const __m512 wt = _mm512_set1_ps(thr);
-    const __m512i step = _mm512_set1_epi32(16);
-    __m512i iv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (; i + 16 <= n; i += 16, iv = _mm512_add_epi32(iv, step)) {
-        const __mmask16 in = _mm512_cmp_ps_mask(_mm512_loadu_ps(score + i), wt, _CMP_NLT_UQ);
-        _mm512_storeu_si512(cand + m, _mm512_maskz_compress_epi32(in, iv));
-        m += __builtin_popcount(in);
-    }
-#elif defined(__AVX2__)
-    const __m256 vt = _mm256_set1_ps(thr);
-    for (; i + 8 <= n; i += 8) {
-        unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(score + i), vt, _CMP_NLT_UQ));
-        for (; bits; bits &= bits - 1) cand[m++] = i + __builtin_ctz(bits);
-    }
-#endif
+    for (; i + 64 <= n; i += 64)
+        for (uint64_t bits = not_below64(score + i, thr); bits; bits &= bits - 1)
+            cand[m++] = i + __builtin_ctzll(bits);
     for (; i < n; i++) cand[m] = i, m += !(score[i] < thr);
     if (m < k || m > n / 4) return -1;
     for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
