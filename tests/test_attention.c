@@ -562,6 +562,7 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
             if (k < 2) policy_kv_opts(&pol, &ko);
             run_state *s = prefilled(&e, &ko, k == 3 ? &exact : &pol);
             cr_assert_eq(s->kv.tip_width, k < 2 ? pol.tip_width : 0);
+
             s->obs = k == 1 ? &watch : NULL;
             out[k] = malloc(sizeof(float) * 40 * V);
             const uint64_t b0 = run_state_kv_bytes_read(s);
@@ -589,6 +590,56 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
     policy_free(&pol);
     policy_free(&exact);
     env_close(&e);
+}
+
+/* The TIP copy keeps each (layer, head) as wide as its map: widths of 8, 16, 24 and 32 dims side
+ * by side (a map of 32), every row scored as the copy's rounding defines it (kvcache_tip_key and
+ * kvcache_tip_query over the whole map), the resident bytes those widths' sum, and a row copied
+ * (kvcache_copy_row) scoring as its source. Reading one (layer, head) at another's width or
+ * offset fails it. */
+Test(attention, tip_copy_widths_per_layer_and_head)
+{
+    enum { L = 2, G = 2, T = 70, TW = 32, D = 64 };
+    int16_t map[L * G * TW];
+    const int last[L * G] = { 3, 12, 20, 31 };   /* (0,0) 8 dims, (0,1) 16, (1,0) 24, (1,1) 32 */
+    for (int lh = 0; lh < L * G; lh++)
+        for (int j = 0; j < TW; j++) map[lh * TW + j] = (int16_t)(j <= last[lh] ? (5 * j + lh) % D : -1);
+    char err[FASA_ERRLEN];
+    kvcache kv;
+    cr_assert_eq(kvcache_init(&kv, L, G, T, D, &(kv_opts){ .f16 = 1, .tip_width = TW, .tip_map = map }, err), 0,
+                 "%s", err);
+    uint64_t r = 5;
+    static float keys[L * G][T][D];
+    for (int lh = 0; lh < L * G; lh++)
+        for (int i = 0; i < T; i++) {
+            for (int j = 0; j < D; j++) keys[lh][i][j] = (sampler_rand(&r) * 2 - 1) * (1 + j % 5);
+            kvcache_put_key(&kv, lh / G, lh % G, i, keys[lh][i]);
+        }
+    kvcache_copy_row(&kv, 9, 66);
+    size_t bytes = 0;
+    for (int lh = 0; lh < L * G; lh++) {
+        cr_expect_eq(kv.tip_w[lh], 8 * (lh + 1), "(%d, %d): %d dims", lh / G, lh % G, kv.tip_w[lh]);
+        bytes += kvcache_tip_key_bytes(8 * (lh + 1));
+        float q[TW], S[T];
+        for (int j = 0; j < TW; j++) q[j] = map[lh * TW + j] >= 0 ? sampler_rand(&r) * 2 - 1 : 0;
+        kvcache_tip_scores(&kv, lh / G, lh % G, 3, T, q, 1, TW, S, T);
+        int8_t qi[TW], v[TW];
+        int32_t qsum;
+        const float qs = kvcache_tip_query(q, TW, qi, &qsum);
+        for (int i = 3; i < T; i++) {
+            const float *key = keys[lh][i == 66 ? 9 : i];
+            float k16[D];
+            for (int j = 0; j < D; j++) k16[j] = gguf_f16_to_f32(gguf_f32_to_f16(key[j]));
+            const float ks = gguf_f16_to_f32(gguf_f32_to_f16(kvcache_tip_key(k16, map + lh * TW, TW, v)));
+            int32_t dot = 0;
+            for (int j = 0; j < TW; j++) dot += v[j] * qi[j];
+            cr_expect_eq(S[i], (float)dot * (ks * qs), "(%d, %d) row %d: %g vs %g", lh / G, lh % G, i, S[i],
+                         (float)dot * (ks * qs));
+        }
+    }
+    cr_expect_eq(kvcache_resident_bytes(&kv, T), kvcache_bytes(&kv, T) + (size_t)T * bytes);
+    cr_expect_float_eq(kvcache_tip_bytes(&kv), (double)bytes / (L * G), 1e-12);
+    kvcache_free(&kv);
 }
 
 /* The budget that sets itself (policy_opts.auto_mass) on the fused decode step chooses what the

@@ -52,10 +52,12 @@ typedef struct kvcache {
     void *v;         /* (n_layer, n_kv_head, n_ctx, d_head) */
     void *cold;      /* the cold tier's mapping (kr and v; k and v with a TIP copy), or NULL */
     size_t cold_len;
-    int tip_width;   /* the TIP copy: dims per key, 0 when there is none */
+    int tip_width;   /* the TIP copy: dims per key at most, 0 when there is none */
     int n_tiles;     /* tiles of 16 keys per (layer, KV head): n_ctx rounded up */
     int16_t *tip_map;/* (n_layer, n_kv_head, tip_width) */
-    uint8_t *tq;     /* (n_layer, n_kv_head, n_tiles, tip_width / 8, 64) 4-bit values (ops_tip_q4) */
+    int *tip_w;      /* (n_layer, n_kv_head) its dims: to its map's last dim, a multiple of 8 */
+    size_t *tip_at;  /* (n_layer, n_kv_head) where its tiles start in tq */
+    uint8_t *tq;     /* per (layer, KV head): (n_tiles, tip_w / 8, 64) 4-bit values (ops_tip_q4) */
     uint16_t *tscale;/* (n_layer, n_kv_head, 16 n_tiles) one f16 scale per key */
 } kvcache;
 
@@ -112,7 +114,8 @@ void kvcache_accum(const kvcache *kv, int layer, int head, int row0, const int32
                    int nq, const int *len, float *O, int ldo);
 
 /* TIP over the copy: S[h lds + i] for rows a <= i < b and the nq <= 8 queries Q (f32, ldq apart,
- * tip_width dims each in copy order, zero where a query has no dim). S points at row 0. */
+ * tip_width dims each in copy order, zero where a query has no dim: (layer, head)'s first tip_w
+ * are read). S points at row 0. */
 void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, const float *Q, int nq, int ldq, float *S,
                         int lds);
 /* The copy's rounding, for callers that score without a copy and must agree with it exactly:
@@ -121,9 +124,17 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
  * (float)(sum_j v[j] qi[j]) * (key scale * query scale). */
 float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v);
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
-/* Bytes a key of tw dims takes in the TIP copy (its nibbles and its f16 scale), and in kv's. */
+/* The dims the copy keeps of a (layer, head) whose map (tw entries) is map: to its last mapped
+ * dim, a multiple of 8 (at least 8). */
+int kvcache_tip_w(const int16_t *map, int tw);
+/* Bytes a key of tw dims takes in the TIP copy (its nibbles and its f16 scale); in kv's copy of
+ * (layer, head); and in kv's, averaged over (layer, head), whose widths differ. */
 static inline size_t kvcache_tip_key_bytes(int tw) { return tw > 0 ? (size_t)tw / 2 + 2 : 0; }
-static inline size_t kvcache_tip_bytes(const kvcache *kv) { return kvcache_tip_key_bytes(kv->tip_width); }
+static inline size_t kvcache_tip_row_bytes(const kvcache *kv, int layer, int head)
+{
+    return kv->tip_width ? kvcache_tip_key_bytes(kv->tip_w[(size_t)layer * kv->n_kv_head + head]) : 0;
+}
+double kvcache_tip_bytes(const kvcache *kv);
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);

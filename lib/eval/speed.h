@@ -41,7 +41,7 @@ typedef struct speed_cfg {
 typedef struct speed_row {
     char policy[16];
     int depth, budget, fcs;
-    int tip_bytes;                /* fasa: bytes per key and KV head TIP reads (the copy or the block) */
+    double tip_bytes;             /* fasa: bytes per key and KV head TIP reads (the copy: a mean; or the block) */
     double attended;              /* fasa: tokens attended per query and head where it selects, mean
                                    * over the steps (the budget, or what auto chose) */
     int kv_f16;

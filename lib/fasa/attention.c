@@ -225,7 +225,7 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             if (n_sel >= 0) policy_count(p, tid, n_sel);
             /* TIP's bytes: the block once per KV group when the group scored together */
             if (n_sel >= 0 && (!tip || h % w->grp == 0))
-                count_bytes(s, attn_select_bytes(p, pos + 1, dh, s->kv.n_split, esz));
+                count_bytes(s, attn_select_bytes(p, &s->kv, l, h / w->grp, pos + 1));
         }
         /* dense: every row to pos, or a local layer's window of them */
         const int row0 = n_sel < 0 ? window_start(m, l, pos) : 0, rows = n_sel < 0 ? pos + 1 - row0 : n_sel;

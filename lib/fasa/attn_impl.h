@@ -37,7 +37,7 @@ void attn_merge(const model *m, run_state *s, int P);
 
 /* Bytes of keys a selection reads before attention (TIP: the dominant dims of every key, or the
  * whole block when each head's own chunks lie in it). */
-uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz);
+uint64_t attn_select_bytes(const policy *p, const kvcache *kv, int l, int g, int t);
 
 /* FASA decode over split keys, layer l, forced rows [0, lo) and [hi, t): TIP, selection and
  * focused attention in one parallel region (fasa_decode.c says how). TIP picks mid rows per head;

@@ -148,8 +148,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
 {
     const model_config *c = &m->cfg;
     policy *p = s->policy;
-    const int H = c->n_head, G = c->n_kv_head, grp = H / G, dh = c->d_head, L = hi - lo;
-    const size_t esz = kvcache_esz(&s->kv);
+    const int H = c->n_head, G = c->n_kv_head, grp = H / G, L = hi - lo;
 #pragma omp parallel num_threads(threads)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -163,7 +162,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
             if (b <= a) continue;
             tip_rows(s, l, g, a, b, tq, ldq);
-            s->bytes_kv[8 * tid] += attn_select_bytes(p, b - a, dh, s->kv.n_split, esz);
+            s->bytes_kv[8 * tid] += attn_select_bytes(p, &s->kv, l, g, b - a);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
                 const float *row = p->tip + (size_t)h * p->tip_ld + a;
                 uint64_t *cand = p->cand + ((size_t)tid * H + h) * mid;

@@ -194,11 +194,15 @@ int policy_reserve_picks(policy *p, int threads, int mid)
     return 0;
 }
 
-uint64_t attn_select_bytes(const policy *p, int t, int d, int ns, size_t esz)
+uint64_t attn_select_bytes(const policy *p, const kvcache *kv, int l, int g, int t)
 {
+    const int d = kv->d_head, ns = kv->n_split;
+    const size_t esz = kvcache_esz(kv);
     switch (p->o.kind) {
     case POLICY_FASA: case POLICY_RANDOM:
-        if (p->o.tip_bits) return (uint64_t)t * kvcache_tip_key_bytes(p->tip_width);   /* the copy */
+        if (p->o.tip_bits)   /* the copy (or as much from the keys, when the cache has none) */
+            return (uint64_t)t *
+                   (kv->tip_width ? kvcache_tip_row_bytes(kv, l, g) : kvcache_tip_key_bytes(p->tip_width));
         return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
     case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
