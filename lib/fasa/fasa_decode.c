@@ -23,32 +23,42 @@
 #include "attn_impl.h"
 #include "ops.h"
 #include "topk.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <x86intrin.h>
+static unsigned long long BW[2];
+static void bw_dump(void){fprintf(stderr,"BW %.1f %.1f\n",BW[0]/1e6,BW[1]/1e6);}
 
-/* Where thread t's share of the G rows of L = hi - lo tokens, laid end to end, starts: at a
- * multiple of 16 tokens (a cache line of scores) within its row. */
-static int tip_cut(int t, int nt, int G, int lo, int hi)
+/* Where thread t's share of the G rows of L = hi - lo tokens, laid end to end, starts: the
+ * threads' shares cost the same, a row of group g costing cost[g] (its group's bytes in the TIP
+ * copy differ), at a multiple of 16 tokens (a cache line of scores) within its row. */
+static int tip_cut(const int *cost, int t, int nt, int G, int lo, int hi)
 {
     const int L = hi - lo;
-    const int64_t p = (int64_t)t * G * L / nt;
-    const int g = (int)(p / L);
-    int r = (lo + (int)(p % L)) & ~15;
+    int64_t all = 0;
+    for (int g = 0; g < G; g++) all += (int64_t)cost[g] * L;
+    int64_t left = all * t / nt;
+    int g = 0;
+    while (g < G - 1 && left >= (int64_t)cost[g] * L) left -= (int64_t)cost[g] * L, g++;
+    const int64_t in = left / cost[g];
+    int r = (lo + (int)(in < L ? in : L)) & ~15;
     return g * L + (r < lo ? 0 : r - lo);
 }
 
 /* Thread t's share [*p0, *p1) of the rows laid end to end. */
-static void tip_share(int t, int nt, int G, int lo, int hi, int *p0, int *p1)
+static void tip_share(const int *cost, int t, int nt, int G, int lo, int hi, int *p0, int *p1)
 {
-    *p0 = tip_cut(t, nt, G, lo, hi);
-    *p1 = t == nt - 1 ? G * (hi - lo) : tip_cut(t + 1, nt, G, lo, hi);
+    *p0 = tip_cut(cost, t, nt, G, lo, hi);
+    *p1 = t == nt - 1 ? G * (hi - lo) : tip_cut(cost, t + 1, nt, G, lo, hi);
 }
 
 /* The thread whose share holds group g's row whole, or -1 when the row is cut between threads. */
-static int tip_owner(int g, int nt, int G, int lo, int hi)
+static int tip_owner(const int *cost, int g, int nt, int G, int lo, int hi)
 {
     const int L = hi - lo;
     for (int t = 0; t < nt; t++) {
         int p0, p1;
-        tip_share(t, nt, G, lo, hi, &p0, &p1);
+        tip_share(cost, t, nt, G, lo, hi, &p0, &p1);
         if (p0 <= g * L && p1 >= (g + 1) * L) return t;
     }
     return -1;
@@ -149,6 +159,9 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
     const model_config *c = &m->cfg;
     policy *p = s->policy;
     const int H = c->n_head, G = c->n_kv_head, grp = H / G, L = hi - lo;
+    /* a row's cost: its bytes in the copy (or 1 each), and its group's scores written and read */
+    int cost[G];
+    for (int g = 0; g < G; g++) cost[g] = (p->o.tip_bits ? (int)kvcache_tip_row_bytes(&s->kv, l, g) : 1) + 4 * grp;
 #pragma omp parallel num_threads(threads)
     {
         const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -157,7 +170,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
         int *cn = p->cand_n + (size_t)tid * H;
         for (int h = 0; h < H; h++) cn[h] = 0;
         int p0, p1;
-        tip_share(tid, nt, G, lo, hi, &p0, &p1);
+        tip_share(cost, tid, nt, G, lo, hi, &p0, &p1);
         for (int g = p0 / L; g < G && g * L < p1; g++) {
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
             if (b <= a) continue;
@@ -182,7 +195,10 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
                 }
             }
         }
+        { static int rg; if(!rg){rg=1; atexit(bw_dump);} }
+        unsigned long long xb = __rdtsc();
 #pragma omp barrier
+        if (tid < 2) BW[tid] += __rdtsc() - xb;
         /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
          * here (its picks are in this core's cache); the rest, the recent windows first, then the
          * cut heads, the sinks last, go to whichever thread is free */
@@ -190,7 +206,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt, tq, ldq);
 #pragma omp for schedule(dynamic, 1) nowait
         for (int j = 0; j < G + H + G; j++) {
-            if (j >= G && j < G + H && tip_owner((j - G) / grp, nt, G, lo, hi) >= 0) continue;
+            if (j >= G && j < G + H && tip_owner(cost, (j - G) / grp, nt, G, lo, hi) >= 0) continue;
             fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
                       nt, tq, ldq);
         }
