@@ -36,7 +36,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
-    int fcs = prof ? prof->fcs : nc / 4, group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
+    int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
+    int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
     int auto_min = 64, rerank = 0;
     float auto_mass = 0;
     uint64_t mask = 0;

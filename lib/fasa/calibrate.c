@@ -189,7 +189,7 @@ calib_opts calib_defaults(const model *m)
     o.n_k = 6;
     memcpy(o.ks, ks, sizeof ks);
     o.rank_k = 256;
-    o.fcs = m->cfg.d_head / 8;   /* a quarter of the chunks, as the paper's scripts use */
+    o.fcs = profile_default_fcs(m->cfg.d_head);
     o.chunks = CHUNKS_PLANE;
     o.n_prefill = -1;            /* default: all but the last 256 tokens */
     return o;

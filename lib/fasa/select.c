@@ -41,7 +41,7 @@ int policy_parse_layers(const char *s, char sep, uint64_t *mask)
 
 policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
 {
-    policy_opts o = { .kind = kind, .budget = budget, .fcs = m->cfg.d_head / 8, .n_dense_layers = 1,
+    policy_opts o = { .kind = kind, .budget = budget, .fcs = profile_default_fcs(m->cfg.d_head), .n_dense_layers = 1,
                       .window = 32, .page = 16, .seed = 1 };
     if (kind == POLICY_STREAM) o.n_sink = 4;
     if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = -1;
