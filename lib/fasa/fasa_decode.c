@@ -23,11 +23,6 @@
 #include "attn_impl.h"
 #include "ops.h"
 #include "topk.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <x86intrin.h>
-static unsigned long long BW[2];
-static void bw_dump(void){fprintf(stderr,"BW %.1f %.1f\n",BW[0]/1e6,BW[1]/1e6);}
 
 /* Where thread t's share of the G rows of L = hi - lo tokens, laid end to end, starts: the
  * threads' shares cost the same, a row of group g costing cost[g] (its group's bytes in the TIP
@@ -195,10 +190,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
                 }
             }
         }
-        { static int rg; if(!rg){rg=1; atexit(bw_dump);} }
-        unsigned long long xb = __rdtsc();
 #pragma omp barrier
-        if (tid < 2) BW[tid] += __rdtsc() - xb;
         /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
          * here (its picks are in this core's cache); the rest, the recent windows first, then the
          * cut heads, the sinks last, go to whichever thread is free */
