@@ -275,7 +275,8 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     for (; j < m; j++) {
         const int eq = key[j] == t, take = key[j] > t || (eq && ties > 0);
         ties -= eq & take;
-        idx[out] = cand[j], out += take;
+        if (out < k) idx[out] = cand[j];   /* (idx holds k) */
+        out += take;
     }
     return out;
 }

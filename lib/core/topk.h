@@ -34,7 +34,8 @@ static inline int topk_bin(float s, float mn, float scale, int nbins)
     return x < nbins - 1 ? (int)x : nbins - 1;
 }
 
-/* The min(k, n) best of n scores, as ascending indices. Returns the count. */
+/* The min(k, n) best of n scores, as ascending indices (idx: room for min(k, n); scratch for n).
+ * Returns the count. */
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch);
 
 /* The min(k, n) best of n packed keys (topk_pack of distinct indices below n_index), as ascending
