@@ -223,13 +223,10 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
             snprintf(dense + strlen(dense), sizeof dense - strlen(dense), "%s%d", *dense ? "," : " + layers ", l);
     if (po->tip_bits) {
         const int tw = ss->pol.tip_width, lg = c->n_layer * c->n_kv_head;
-        double bytes = 0;
-        for (int i = 0; i < lg; i++)
-            bytes += kvcache_tip_key_bytes(kvcache_tip_w(ss->pol.tip_map + (size_t)i * tw, tw));
         snprintf(tip, sizeof tip,
                  "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims at most, %.1f "
                  "bytes a key on average)",
-                 tw, bytes / lg);
+                 tw, (double)kvcache_tip_map_bytes(ss->pol.tip_map, (size_t)lg, tw) / lg);
     } else
         snprintf(tip, sizeof tip, "%s",
                  po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"

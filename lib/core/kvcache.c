@@ -155,13 +155,17 @@ int kvcache_tip_w(const int16_t *map, int tw)
     return w;
 }
 
+size_t kvcache_tip_map_bytes(const int16_t *map, size_t heads, int tw)
+{
+    size_t b = 0;
+    for (size_t lh = 0; tw > 0 && lh < heads; lh++) b += kvcache_tip_key_bytes(kvcache_tip_w(map + lh * tw, tw));
+    return b;
+}
+
 /* Bytes a token takes in the TIP copy, over every (layer, head). */
 static size_t tip_token_bytes(const kvcache *kv)
 {
-    size_t b = 0;
-    for (int l = 0; l < kv->n_layer; l++)
-        for (int g = 0; g < kv->n_kv_head; g++) b += kvcache_tip_row_bytes(kv, l, g);
-    return b;
+    return kvcache_tip_map_bytes(kv->tip_map, (size_t)kv->n_layer * kv->n_kv_head, kv->tip_width);
 }
 
 double kvcache_tip_bytes(const kvcache *kv) { return (double)tip_token_bytes(kv) / (kv->n_layer * kv->n_kv_head); }

@@ -127,6 +127,8 @@ float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum);
 /* The dims the copy keeps of a (layer, head) whose map (tw entries) is map: to its last mapped
  * dim, a multiple of 8 (at least 8). */
 int kvcache_tip_w(const int16_t *map, int tw);
+/* Bytes a token takes in a copy of `heads` (layer, head)s mapped by map (tw entries each). */
+size_t kvcache_tip_map_bytes(const int16_t *map, size_t heads, int tw);
 /* Bytes a key of tw dims takes in the TIP copy (its nibbles and its f16 scale); in kv's copy of
  * (layer, head); and in kv's, averaged over (layer, head), whose widths differ. */
 static inline size_t kvcache_tip_key_bytes(int tw) { return tw > 0 ? (size_t)tw / 2 + 2 : 0; }

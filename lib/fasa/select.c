@@ -200,9 +200,11 @@ uint64_t attn_select_bytes(const policy *p, const kvcache *kv, int l, int g, int
     const size_t esz = kvcache_esz(kv);
     switch (p->o.kind) {
     case POLICY_FASA: case POLICY_RANDOM:
-        if (p->o.tip_bits)   /* the copy (or as much from the keys, when the cache has none) */
-            return (uint64_t)t *
-                   (kv->tip_width ? kvcache_tip_row_bytes(kv, l, g) : kvcache_tip_key_bytes(p->tip_width));
+        if (p->o.tip_bits) {   /* the copy (or as much from the keys, when the cache has none) */
+            const int16_t *map = p->tip_map + ((size_t)l * kv->n_kv_head + g) * p->tip_width;
+            return (uint64_t)t * (kv->tip_width ? kvcache_tip_row_bytes(kv, l, g)
+                                                : kvcache_tip_map_bytes(map, 1, p->tip_width));
+        }
         return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
     case POLICY_QUEST: return (uint64_t)(t / 16) * 2 * d * sizeof(float);   /* page bounds stay f32 */
