@@ -164,9 +164,8 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
         uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
         int *cn = p->cand_n + (size_t)tid * H;
         for (int h = 0; h < H; h++) cn[h] = 0;
-        int p0, p1, owner[G];   /* owner[g]: the thread that scores group g's row whole, or -1 */
+        int p0, p1;
         tip_share(cost, tid, nt, G, lo, hi, &p0, &p1);
-        for (int g = 0; g < G; g++) owner[g] = tip_owner(cost, g, nt, G, lo, hi);
         for (int g = p0 / L; g < G && g * L < p1; g++) {
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
             if (b <= a) continue;
@@ -199,7 +198,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt, tq, ldq);
 #pragma omp for schedule(dynamic, 1) nowait
         for (int j = 0; j < G + H + G; j++) {
-            if (j >= G && j < G + H && owner[(j - G) / grp] >= 0) continue;
+            if (j >= G && j < G + H && tip_owner(cost, (j - G) / grp, nt, G, lo, hi) >= 0) continue;
             fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
                       nt, tq, ldq);
         }
