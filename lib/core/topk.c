@@ -272,11 +272,10 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
         }
     }
 #endif
-    for (; j < m; j++) {
+    for (; j < m && out < k; j++) {   /* exactly k are taken: none after the k-th (idx holds k) */
         const int eq = key[j] == t, take = key[j] > t || (eq && ties > 0);
         ties -= eq & take;
-        if (out < k) idx[out] = cand[j];   /* (idx holds k) */
-        out += take;
+        idx[out] = cand[j], out += take;
     }
     return out;
 }
