@@ -236,18 +236,25 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
         nan |= x != x;
         smp[j] = fkey(x);
     }
-    const int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
+    int r = (int)((int64_t)TSAMPLE * (3 * k / 2 + 64) / n) + 1;   /* sample rank of the guess */
     if (nan || r >= TSAMPLE / 4) return -1;
-    int c;
-    const float thr = fkey_value(key_cut(smp, TSAMPLE, r, &c));
     /* the candidates' indices, ascending, in scratch; a NaN (unordered: "not less") is let in and
-     * found below */
+     * found below. A guess that keeps fewer than k (a low sample rank leaves a wide spread: about
+     * one call in eight at rank 2) is lowered to four times its rank and the pass repeated, once or
+     * twice, before anything else is tried. */
     int32_t *cand = (int32_t *)scratch, *key = cand + n;   /* 2 n int32 in scratch: n >= 1024 */
-    int m = 0, i = 0;
-    for (; i + 64 <= n; i += 64)
-        for (uint64_t bits = not_below64(score + i, thr); bits; bits &= bits - 1)
-            cand[m++] = i + __builtin_ctzll(bits);
-    for (; i < n; i++) cand[m] = i, m += !(score[i] < thr);
+    int m, c;
+    for (;;) {
+        const float thr = fkey_value(key_cut(smp, TSAMPLE, r, &c));
+        int i = 0;
+        m = 0;
+        for (; i + 64 <= n; i += 64)
+            for (uint64_t bits = not_below64(score + i, thr); bits; bits &= bits - 1)
+                cand[m++] = i + __builtin_ctzll(bits);
+        for (; i < n; i++) cand[m] = i, m += !(score[i] < thr);
+        if (m >= k || 4 * r >= TSAMPLE / 4) break;
+        r *= 4;
+    }
     if (m < k || m > n / 4) return -1;
     for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
         const float x = score[cand[j]];
