@@ -339,6 +339,21 @@ static int key_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* idx[0..m) is the top k of s[0..n) by a full sort (all: n keys of scratch), ascending. */
+static void expect_top_k(const float *s, int n, int k, const int32_t *idx, int m, uint64_t *all, const char *what)
+{
+    for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
+    qsort(all, n, sizeof *all, key_desc);
+    cr_assert_eq(m, k, "%s: %d picked of %d", what, m, k);
+    uint8_t *in = calloc(n, 1);
+    for (int q = 0; q < k; q++) in[topk_index(all[q])] = 1;
+    for (int q = 0; q < m; q++) {
+        cr_assert(in[idx[q]], "%s: %d is not in the top k", what, idx[q]);
+        if (q) cr_assert_gt(idx[q], idx[q - 1], "%s: not ascending", what);
+    }
+    free(in);
+}
+
 /* topk_indices (sampled threshold, histogram select, quickselect fallback) against a full sort:
  * smooth scores, heavy ties, a huge outlier that squeezes everything else into one bin, periodic
  * scores (every value many times over), a NaN, scores rising with the index, signed zeros
@@ -366,19 +381,12 @@ Test(calibrate, topk_indices_match_full_sort)
             if (kind == 7)
                 for (int i = 0; i < n; i++) s[i] = ldexpf((float)(int)(sampler_rand(&r) * 5), -149);
             if (kind == 8) s[1] = 1e30f, s[9] = NAN;
-            for (int i = 0; i < n; i++) all[i] = topk_pack(s[i], (uint32_t)i);
-            qsort(all, n, sizeof *all, key_desc);
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
             for (int j = 0; j < 6; j++) {
                 const int k = ks[j], m = topk_indices(s, n, k, idx, scratch);
-                cr_assert_eq(m, k);
-                uint8_t *in = calloc(n, 1);
-                for (int q = 0; q < k; q++) in[topk_index(all[q])] = 1;
-                for (int q = 0; q < m; q++) {
-                    cr_assert(in[idx[q]], "n=%d kind=%d k=%d: %d is not in the top k", n, kind, k, idx[q]);
-                    if (q) cr_assert_gt(idx[q], idx[q - 1], "not ascending");
-                }
-                free(in);
+                char what[64];
+                snprintf(what, sizeof what, "n=%d kind=%d k=%d", n, kind, k);
+                expect_top_k(s, n, k, idx, m, all, what);
             }
         }
         free(s); free(idx); free(scratch); free(all);
@@ -395,19 +403,12 @@ Test(calibrate, topk_indices_lowered_guess_matches_full_sort)
     float *s = malloc(sizeof(float) * N);
     int32_t *idx = malloc(sizeof(int32_t) * N);
     uint64_t *scratch = malloc(sizeof(uint64_t) * N), *all = malloc(sizeof(uint64_t) * N);
-    uint8_t *in = malloc(N);
     for (int row = 0; row < 32; row++) {
         for (int i = 0; i < N; i++) s[i] = sampler_rand(&r) + sampler_rand(&r) + sampler_rand(&r);
-        for (int i = 0; i < N; i++) all[i] = topk_pack(s[i], (uint32_t)i);
-        qsort(all, N, sizeof *all, key_desc);
-        memset(in, 0, N);
-        for (int q = 0; q < K; q++) in[topk_index(all[q])] = 1;
         const int m = topk_indices(s, N, K, idx, scratch);
-        cr_assert_eq(m, K, "row %d: %d picked", row, m);
-        for (int q = 0; q < m; q++) {
-            cr_assert(in[idx[q]], "row %d: %d is not in the top k", row, idx[q]);
-            if (q) cr_assert_gt(idx[q], idx[q - 1], "row %d: not ascending", row);
-        }
+        char what[32];
+        snprintf(what, sizeof what, "row %d", row);
+        expect_top_k(s, N, K, idx, m, all, what);
     }
-    free(s); free(idx); free(scratch); free(all); free(in);
+    free(s); free(idx); free(scratch); free(all);
 }

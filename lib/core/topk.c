@@ -198,6 +198,16 @@ static inline uint64_t not_below64(const float *x, float t)
     return bits;
 }
 
+/* The indices of score[0..n) not below t, ascending, into cand; returns their count. */
+static int not_below_all(const float *score, int n, float t, int32_t *cand)
+{
+    int m = 0, i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (uint64_t bits = not_below64(score + i, t); bits; bits &= bits - 1) cand[m++] = i + __builtin_ctzll(bits);
+    for (; i < n; i++) cand[m] = i, m += !(score[i] < t);
+    return m;
+}
+
 /* Sampled threshold, for k well below n (FASA's budget over a long cache): the scores at 256
  * spread positions give a value that about 1.5 k + 64 scores should reach; one vector pass
  * keeps every score >= it (a superset of the top k when there are at least k of them, since every
@@ -243,18 +253,9 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
      * one call in eight at rank 2) is lowered to four times its rank and the pass repeated, once or
      * twice, before anything else is tried. */
     int32_t *cand = (int32_t *)scratch, *key = cand + n;   /* 2 n int32 in scratch: n >= 1024 */
-    int m, c;
-    for (;;) {
-        const float thr = fkey_value(key_cut(smp, TSAMPLE, r, &c));
-        int i = 0;
-        m = 0;
-        for (; i + 64 <= n; i += 64)
-            for (uint64_t bits = not_below64(score + i, thr); bits; bits &= bits - 1)
-                cand[m++] = i + __builtin_ctzll(bits);
-        for (; i < n; i++) cand[m] = i, m += !(score[i] < thr);
-        if (m >= k || 4 * r >= TSAMPLE / 4) break;
-        r *= 4;
-    }
+    int c, m = not_below_all(score, n, fkey_value(key_cut(smp, TSAMPLE, r, &c)), cand);
+    while (m < k && 4 * r < TSAMPLE / 4)
+        r *= 4, m = not_below_all(score, n, fkey_value(key_cut(smp, TSAMPLE, r, &c)), cand);
     if (m < k || m > n / 4) return -1;
     for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
         const float x = score[cand[j]];

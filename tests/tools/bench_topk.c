@@ -1,12 +1,14 @@
 /* bench_topk - times topk_indices, one selection of K among N scores as FASA decode makes them
- * (N: an 8k cache's row between the forced tokens, and its half and quarter as threads cut it).
+ * (N: a 32k and an 8k cache's row between the forced tokens, and their halves and quarters as
+ * threads cut them).
  * Not part of the suite.
  *
- *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib tests/tools/bench_topk.c \
+ *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Ilib/core tests/tools/bench_topk.c \
  *       build/libfasa.a -lm -o bin/bench_topk
  *   bin/bench_topk [K]        (default 124: budget 256 less 4 sinks and 128 recent tokens)
  *
- * Scores are normal with a spread of 3, like TIP's, rising by 2 towards the recent end; each call
+ * Scores are normal with a spread of 3, like TIP's, rising by 2 over the row towards the recent
+ * end (each size its own rows, from the same seed); each call
  * takes the next of 16 such rows, so that no branch can learn one row's data (a fixed row timed
  * the old selection at half its cost in decode). The best of 20 rounds of 1000 calls. */
 #include <math.h>
@@ -25,28 +27,28 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-    const int k = argc > 1 ? atoi(argv[1]) : 124, sizes[] = { 8060, 4030, 2015 };
+    const int k = argc > 1 ? atoi(argv[1]) : 124, sizes[] = { 32636, 16318, 8060, 4030, 2015 };
     if (k < 1 || k > 2015) {
         fprintf(stderr, "bench_topk: K must be 1..2015, not '%s'\n", argv[1]);
         return 2;
     }
-    enum { ROWS = 16 };
-    float *s = malloc(sizeof(float) * 8060 * ROWS);
-    int32_t *idx = malloc(sizeof(int32_t) * 8060);
-    uint64_t *scratch = malloc(sizeof(uint64_t) * 8060);
+    enum { ROWS = 16, NMAX = 32636 };
+    float *s = malloc(sizeof(float) * NMAX * ROWS);
+    int32_t *idx = malloc(sizeof(int32_t) * NMAX);
+    uint64_t *scratch = malloc(sizeof(uint64_t) * NMAX);
     if (!s || !idx || !scratch) return 1;
-    srand(1);
-    for (int i = 0; i < 8060 * ROWS; i++) {   /* Box-Muller */
-        const float u = (rand() + 1.0f) / ((float)RAND_MAX + 2), v = (rand() + 1.0f) / ((float)RAND_MAX + 2);
-        s[i] = 3 * sqrtf(-2 * logf(u)) * cosf(6.2831853f * v) + 2.0f * (i % 8060) / 8060;
-    }
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 5; j++) {
         const int n = sizes[j];
+        srand(1);
+        for (int i = 0; i < n * ROWS; i++) {   /* Box-Muller */
+            const float u = (rand() + 1.0f) / ((float)RAND_MAX + 2), v = (rand() + 1.0f) / ((float)RAND_MAX + 2);
+            s[i] = 3 * sqrtf(-2 * logf(u)) * cosf(6.2831853f * v) + 2.0f * (i % n) / n;
+        }
         double best = 1e9;
         long sink = 0;
         for (int r = 0; r < 20; r++) {
             const double t0 = now();
-            for (int it = 0; it < 1000; it++) sink += topk_indices(s + (size_t)(it % ROWS) * 8060, n, k, idx, scratch);
+            for (int it = 0; it < 1000; it++) sink += topk_indices(s + (size_t)(it % ROWS) * n, n, k, idx, scratch);
             const double t = (now() - t0) / 1000;
             best = t < best ? t : best;
         }
