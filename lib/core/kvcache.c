@@ -11,6 +11,7 @@
 
 #include "base.h"
 #include "ops.h"
+#include "simd.h"
 
 /* The cold tier: one file under dir, unlinked as soon as it is open, mapped shared. Pages are
  * written as tokens arrive and read back only for the rows attention chooses; the kernel may
@@ -97,7 +98,9 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
         }
         kv->tq = kv_alloc(at);
         kv->tscale = kv_alloc(tiles * 16 * sizeof *kv->tscale);
-        if (!kv->tq || !kv->tscale) {
+        kv->n_spans = kvcache_tip_span(n_ctx - 1) + 1;
+        kv->toff = calloc(heads * kv->n_spans * tw, sizeof *kv->toff);   /* the first span's: none */
+        if (!kv->tq || !kv->tscale || !kv->toff) {
             kvcache_free(kv);
             return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
         }
@@ -131,9 +134,9 @@ void kvcache_free(kvcache *kv)
     } else {
         free(kv->k), free(kv->kr), free(kv->v);
     }
-    free(kv->tip_map), free(kv->tip_w), free(kv->tip_at), free(kv->tq), free(kv->tscale);
+    free(kv->tip_map), free(kv->tip_w), free(kv->tip_at), free(kv->tq), free(kv->tscale), free(kv->toff);
     kv->k = kv->kr = kv->v = kv->cold = NULL;
-    kv->tip_map = NULL, kv->tip_w = NULL, kv->tip_at = NULL, kv->tq = NULL, kv->tscale = NULL;
+    kv->tip_map = NULL, kv->tip_w = NULL, kv->tip_at = NULL, kv->tq = NULL, kv->tscale = NULL, kv->toff = NULL;
 }
 
 size_t kvcache_bytes(const kvcache *kv, int n_tokens)
@@ -155,31 +158,34 @@ int kvcache_tip_w(const int16_t *map, int tw)
     return w;
 }
 
-size_t kvcache_tip_map_bytes(const int16_t *map, size_t heads, int tw)
+double kvcache_tip_map_bytes(const int16_t *map, size_t heads, int tw)
 {
-    size_t b = 0;
+    double b = 0;
     for (size_t lh = 0; tw > 0 && lh < heads; lh++) b += kvcache_tip_key_bytes(kvcache_tip_w(map + lh * tw, tw));
     return b;
 }
 
 /* Bytes a token takes in the TIP copy, over every (layer, head). */
-static size_t tip_token_bytes(const kvcache *kv)
+static double tip_token_bytes(const kvcache *kv)
 {
     return kvcache_tip_map_bytes(kv->tip_map, (size_t)kv->n_layer * kv->n_kv_head, kv->tip_width);
 }
 
-double kvcache_tip_bytes(const kvcache *kv) { return (double)tip_token_bytes(kv) / (kv->n_layer * kv->n_kv_head); }
+double kvcache_tip_bytes(const kvcache *kv) { return tip_token_bytes(kv) / (kv->n_layer * kv->n_kv_head); }
 
 size_t kvcache_resident_bytes(const kvcache *kv, int n_tokens)
 {
-    return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens) + (size_t)n_tokens * tip_token_bytes(kv);
+    return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens) +
+           (size_t)((double)n_tokens * tip_token_bytes(kv) + 0.5);
 }
 
-float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v)
+float kvcache_tip_key(const float *key, const int16_t *map, int tw, const float *off, int8_t *v)
 {
-    float amax = 0;
-    for (int j = 0; j < tw; j++)
-        if (map[j] >= 0) amax = fmaxf(amax, fabsf(key[map[j]]));
+    float x[1032], amax = 0;
+    for (int j = 0; j < tw; j++) {
+        x[j] = map[j] >= 0 ? key[map[j]] - (off ? off[j] : 0) : 0;
+        amax = fmaxf(amax, fabsf(x[j]));
+    }
     /* the scale as the copy stores it (f16, at most its largest finite value), so that the values
      * are rounded against the scale they are read with */
     float scale = amax > 0 && isfinite(amax) ? fminf(amax / 7, 65504.0f) : 0;
@@ -187,10 +193,43 @@ float kvcache_tip_key(const float *key, const int16_t *map, int tw, int8_t *v)
     ops_f32_to_f16(&h, &scale, 1), ops_f16_to_f32(&scale, &h, 1);
     const float inv = scale > 0 ? 1 / scale : 0;
     for (int j = 0; j < tw; j++) {
-        const float x = map[j] >= 0 ? nearbyintf(key[map[j]] * inv) : 0;
-        v[j] = (int8_t)(x > 7 ? 7 : x < -7 ? -7 : x == x ? x : 0);
+        const float r = nearbyintf(x[j] * inv);
+        v[j] = (int8_t)(r > 7 ? 7 : r < -7 ? -7 : r == r ? r : 0);
     }
     return scale;
+}
+
+float kvcache_tip_offset_dot(const float *q, const float *off, int tw)
+{
+    /* eight partial sums (dims j mod 8), then their sum: one fixed order for every caller, and
+     * no chain of dependent multiply-adds (a span's product per query, per (layer, KV head)) */
+    int j = 0;
+#ifdef OPS_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= tw; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(off + j), acc);
+    float c = hsum256(acc);
+#else
+    float part[8] = { 0 };
+    for (; j + 8 <= tw; j += 8)
+        for (int k = 0; k < 8; k++) part[k] = fmaf(q[j + k], off[j + k], part[k]);
+    float c = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+#endif
+    for (; j < tw; j++) c = fmaf(q[j], off[j], c);
+    return c;
+}
+
+void kvcache_tip_span_add(float *sum, const int8_t *v, float scale, int tw)
+{
+    for (int j = 0; j < tw; j++) sum[j] = fmaf((float)v[j], scale, sum[j]);
+}
+
+void kvcache_tip_span_offset(const float *sum, int n, const float *off, int tw, float *next)
+{
+    const float inv = 1.0f / (float)n;
+    for (int j = 0; j < tw; j++) {
+        const float x = off[j] + sum[j] * inv;
+        next[j] = isfinite(x) ? x : 0;
+    }
 }
 
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum)
@@ -206,15 +245,46 @@ float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum)
     return inv > 0 ? amax / 127 : 0;
 }
 
+static inline float *tip_off(const kvcache *kv, size_t lh, int span)
+{
+    return kv->toff + (lh * kv->n_spans + span) * kv->tip_width;
+}
+
+/* Row i of (layer, head)'s copy as integers (v, -7..7; its w dims) and its scale. */
+static float tip_get(const kvcache *kv, size_t lh, int i, int8_t *v)
+{
+    const int w = kv->tip_w[lh];
+    const uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
+    for (int j = 0; j < w / 8; j++)
+        for (int b = 0; b < 4; b++) {
+            const uint8_t x = tile[(size_t)j * 64 + b];
+            v[8 * j + b] = (int8_t)((x & 15) - 8), v[8 * j + 4 + b] = (int8_t)((x >> 4) - 8);
+        }
+    float scale;
+    ops_f16_to_f32(&scale, kv->tscale + lh * kv->n_tiles * 16 + i, 1);
+    return scale;
+}
+
 /* Row i of the TIP copy of (layer, head) from a key, into the row's nibbles of its tile (ops.h,
- * ops_tip_q4): value v + 8. */
+ * ops_tip_q4): value v + 8. The first row of a span sets the span's offsets from the previous
+ * span as the copy holds it. */
 static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
 {
     const int tw = kv->tip_width;
     const size_t lh = (size_t)layer * kv->n_kv_head + head;
-    const int w = kv->tip_w[lh];
+    const int w = kv->tip_w[lh], span = kvcache_tip_span(i);
     int8_t v[1032];
-    const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, v);
+    if (span > 0 && i == kvcache_tip_span_start(span)) {
+        const int r0 = kvcache_tip_span_start(span - 1);
+        float sum[1032] = { 0 };
+        for (int r = r0; r < i; r++) {
+            const float scale = tip_get(kv, lh, r, v);
+            kvcache_tip_span_add(sum, v, scale, w);
+        }
+        memset(tip_off(kv, lh, span), 0, sizeof(float) * tw);
+        kvcache_tip_span_offset(sum, i - r0, tip_off(kv, lh, span - 1), w, tip_off(kv, lh, span));
+    }
+    const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, tip_off(kv, lh, span), v);
     ops_f32_to_f16(kv->tscale + lh * kv->n_tiles * 16 + i, &scale, 1);
     uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
     for (int j = 0; j < w / 8; j++)
@@ -234,19 +304,26 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
     const size_t tile = (size_t)(tw / 8) * 64;
     const uint8_t *tq = kv->tq + kv->tip_at[lh];
     const uint16_t *ks = kv->tscale + lh * kv->n_tiles * 16;
-    /* whole tiles straight into S; a tile that [a, b) cuts into through edge */
+    /* span by span: each query's product with the span's offsets, then whole tiles straight into
+     * S and a tile that [a, b) cuts into through edge */
     for (int t = a / 16; t * 16 < b;) {
-        const int whole = t * 16 >= a ? (b - t * 16) / 16 : 0;
-        if (whole > 0) {
-            ops_tip_q4(S + 16 * t, lds, qi, tw, qsum, qscale, nq, tq + t * tile, ks + 16 * t, whole, tw);
-            t += whole;
-            continue;
+        const int span = kvcache_tip_span(16 * t), end = kvcache_tip_span_start(span + 1) / 16;
+        float bias[8];
+        for (int h = 0; h < nq; h++) bias[h] = kvcache_tip_offset_dot(Q + (size_t)h * ldq, tip_off(kv, lh, span), tw);
+        while (t < end && t * 16 < b) {
+            int whole = t * 16 >= a ? (b - t * 16) / 16 : 0;
+            whole = whole < end - t ? whole : end - t;
+            if (whole > 0) {
+                ops_tip_q4(S + 16 * t, lds, qi, tw, qsum, qscale, bias, nq, tq + t * tile, ks + 16 * t, whole, tw);
+                t += whole;
+                continue;
+            }
+            ops_tip_q4(edge, 16, qi, tw, qsum, qscale, bias, nq, tq + t * tile, ks + 16 * t, 1, tw);
+            const int r0 = a > t * 16 ? a - t * 16 : 0, r1 = b < t * 16 + 16 ? b - t * 16 : 16;
+            for (int h = 0; h < nq; h++)
+                memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
+            t++;
         }
-        ops_tip_q4(edge, 16, qi, tw, qsum, qscale, nq, tq + t * tile, ks + 16 * t, 1, tw);
-        const int r0 = a > t * 16 ? a - t * 16 : 0, r1 = b < t * 16 + 16 ? b - t * 16 : 16;
-        for (int h = 0; h < nq; h++)
-            memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
-        t++;
     }
 }
 
@@ -321,14 +398,10 @@ void kvcache_copy_row(kvcache *kv, int from, int to)
                 memcpy(base + (size_t)to * rb, base + (size_t)from * rb, rb);
             }
     if (!kv->tip_width) return;
-    for (size_t lh = 0; lh < (size_t)kv->n_layer * kv->n_kv_head; lh++) {
-        const size_t tile = (size_t)(kv->tip_w[lh] / 8) * 64;
-        uint8_t *tq = kv->tq + kv->tip_at[lh];
-        for (size_t j = 0; j < tile / 64; j++)
-            memcpy(tq + (to / 16) * tile + j * 64 + 4 * (to % 16), tq + (from / 16) * tile + j * 64 + 4 * (from % 16),
-                   4);
-        kv->tscale[lh * kv->n_tiles * 16 + to] = kv->tscale[lh * kv->n_tiles * 16 + from];
-    }
+    /* the copy's row as a put of the key would write it: against the offsets of to's span */
+    float row[1024];
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int g = 0; g < kv->n_kv_head; g++) tip_put(kv, l, g, to, kvcache_key_row(kv, l, g, to, row));
 }
 
 void kvcache_scores(const kvcache *kv, enum kv_part p, int layer, int head, int row0, const int32_t *idx, int n,

@@ -871,8 +871,8 @@ void ops_geglu(float *a, const float *b, int n)
 
 /* ---- TIP over 4-bit keys (ops.h: ops_tip_q4) ------------------------------------------------- */
 
-void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                    const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
+                    const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const size_t tile = (size_t)tw / 8 * 64;
     for (int t = 0; t < n_tiles; t++)
@@ -887,7 +887,7 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
                     }
                 float ks;
                 ops_f16_to_f32(&ks, kscale + 16 * t + r, 1);
-                S[(size_t)h * ldo + 16 * t + r] = (float)(dot - 8 * qsum[h]) * (ks * qscale[h]);
+                S[(size_t)h * ldo + 16 * t + r] = fmaf((float)(dot - 8 * qsum[h]), ks * qscale[h], bias[h]);
             }
 }
 
@@ -898,15 +898,16 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
  * accumulators stay in registers: with a variable count they lived on the stack, cleared by a
  * call to memset per tile, and the kernel ran at 60% of this speed. */
 static inline __attribute__((always_inline)) void
-tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const int NQ,
-          const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const float *bias,
+          const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512i off[8];
-    __m512 qs[8];
+    __m512 qs[8], bs[8];
 #pragma GCC unroll 8
-    for (int h = 0; h < NQ; h++) off[h] = _mm512_set1_epi32(8 * qsum[h]), qs[h] = _mm512_set1_ps(qscale[h]);
+    for (int h = 0; h < NQ; h++)
+        off[h] = _mm512_set1_epi32(8 * qsum[h]), qs[h] = _mm512_set1_ps(qscale[h]), bs[h] = _mm512_set1_ps(bias[h]);
     for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
         __m512i acc[8];
 #pragma GCC unroll 8
@@ -928,7 +929,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
 #pragma GCC unroll 8
         for (int h = 0; h < NQ; h++) {
             const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], off[h]));
-            _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t, _mm512_mul_ps(d, _mm512_mul_ps(ks, qs[h])));
+            _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t, _mm512_fmadd_ps(d, _mm512_mul_ps(ks, qs[h]), bs[h]));
         }
     }
 }
@@ -938,8 +939,8 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
  * (at most 2 x 15 x 127, no saturation), vpmaddwd by ones adds the pairs into a row's 4-dim sum.
  * NQ a constant, as in the AVX-512 kernel. */
 static inline __attribute__((always_inline)) void
-tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const int NQ,
-          const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const float *bias,
+          const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -966,31 +967,32 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
             for (int h = 0; h < NQ; h++) {
                 const __m256i d = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(8 * qsum[h]));
                 _mm256_storeu_ps(S + (size_t)h * ldo + 16 * t + 8 * half,
-                                 _mm256_mul_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ks, _mm256_set1_ps(qscale[h]))));
+                                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ks, _mm256_set1_ps(qscale[h])),
+                                                 _mm256_set1_ps(bias[h])));
             }
         }
 }
 #endif
 
 #if defined(OPS_AVX2) || (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
-void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
+                const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     switch (nq) {
-    case 1: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 1, tiles, kscale, n_tiles, tw); break;
-    case 2: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 2, tiles, kscale, n_tiles, tw); break;
-    case 3: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 3, tiles, kscale, n_tiles, tw); break;
-    case 4: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 4, tiles, kscale, n_tiles, tw); break;
-    case 5: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 5, tiles, kscale, n_tiles, tw); break;
-    case 6: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 6, tiles, kscale, n_tiles, tw); break;
-    case 7: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 7, tiles, kscale, n_tiles, tw); break;
-    default: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, 8, tiles, kscale, n_tiles, tw); break;
+    case 1: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 1, tiles, kscale, n_tiles, tw); break;
+    case 2: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 2, tiles, kscale, n_tiles, tw); break;
+    case 3: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 3, tiles, kscale, n_tiles, tw); break;
+    case 4: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 4, tiles, kscale, n_tiles, tw); break;
+    case 5: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 5, tiles, kscale, n_tiles, tw); break;
+    case 6: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 6, tiles, kscale, n_tiles, tw); break;
+    case 7: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 7, tiles, kscale, n_tiles, tw); break;
+    default: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 8, tiles, kscale, n_tiles, tw); break;
     }
 }
 #else
-void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, int nq,
-                const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
+                const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
-    ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, nq, tiles, kscale, n_tiles, tw);
+    ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, bias, nq, tiles, kscale, n_tiles, tw);
 }
 #endif

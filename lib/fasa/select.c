@@ -202,8 +202,8 @@ uint64_t attn_select_bytes(const policy *p, const kvcache *kv, int l, int g, int
     case POLICY_FASA: case POLICY_RANDOM:
         if (p->o.tip_bits) {   /* the copy (or as much from the keys, when the cache has none) */
             const int16_t *map = p->tip_map + ((size_t)l * kv->n_kv_head + g) * p->tip_width;
-            return (uint64_t)t * (kv->tip_width ? kvcache_tip_row_bytes(kv, l, g)
-                                                : kvcache_tip_map_bytes(map, 1, p->tip_width));
+            return (uint64_t)(t * (kv->tip_width ? kvcache_tip_row_bytes(kv, l, g)
+                                                  : kvcache_tip_map_bytes(map, 1, p->tip_width)));
         }
         return (uint64_t)t * (p->o.block == 2 && ns ? ns : p->n_dom) * esz;
     case POLICY_ORACLE: return (uint64_t)t * d * esz;
@@ -268,12 +268,18 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
     int32_t qsum;
     const float qs = kvcache_tip_query(qt, tw, qi, &qsum);
     const int16_t *map = p->tip_map + ((size_t)l * kv->n_kv_head + g) * tw;
-    float row[1024];
-    for (int i = 0; i < t; i++) {
-        const float ks = kvcache_tip_key(kvcache_key_row(kv, l, g, i, row), map, tw, v);
+    float row[1024], off[1032] = { 0 }, sum[1032] = { 0 }, c = 0;   /* the span's offsets, as the copy's */
+    for (int i = 0, span = 0; i < t; i++) {
+        if (kvcache_tip_span(i) != span) {
+            kvcache_tip_span_offset(sum, i - kvcache_tip_span_start(span++), off, tw, off);
+            memset(sum, 0, sizeof(float) * tw);
+            c = kvcache_tip_offset_dot(qt, off, tw);
+        }
+        const float ks = kvcache_tip_key(kvcache_key_row(kv, l, g, i, row), map, tw, off, v);
+        kvcache_tip_span_add(sum, v, ks, tw);
         int32_t dot = 0;
         for (int j = 0; j < tw; j++) dot += v[j] * qi[j];
-        S[i] = (float)dot * (ks * qs);
+        S[i] = fmaf((float)dot, ks * qs, c);
     }
 }
 
