@@ -655,9 +655,9 @@ Test(sampler, greedy_and_seeded)
 }
 
 /* TIP over the 4-bit copy: the fast kernel equals its twin exactly (integer sums), for 1..8
- * queries and widths of 8..136 dims, extreme nibbles and query bytes included, each query with
- * its own offset product (bias); and the twin is the formula of ops.h, checked by hand on one
- * tile. */
+ * queries and widths of 8..136 dims, extreme nibbles and query bytes included, each query and
+ * tile with its own offset product (bias); and the twin is the formula of ops.h, checked by hand
+ * on one tile. */
 Test(ops, tip_q4_matches_scalar)
 {
     uint64_t r = 7;
@@ -666,7 +666,7 @@ Test(ops, tip_q4_matches_scalar)
             const int nt = 3, tile = tw / 8 * 64;
             uint8_t *tiles = malloc((size_t)nt * tile);
             int8_t *qi = malloc((size_t)nq * tw);
-            float kf[48], qs[8], bias[8], a[8 * 48], b[8 * 48];
+            float kf[48], qs[8], bias[8 * 3], a[8 * 48], b[8 * 48];
             uint16_t ks[48];
             int32_t qsum[8];
             for (int i = 0; i < nt * tile; i++) tiles[i] = (uint8_t)(sampler_rand(&r) * 256);
@@ -677,22 +677,25 @@ Test(ops, tip_q4_matches_scalar)
                 qsum[h] = 0;
                 for (int j = 0; j < tw; j++) qsum[h] += qi[h * tw + j] = (int8_t)(sampler_rand(&r) * 255 - 127);
                 qsum[h] += 127 - qi[h * tw];
-                qi[h * tw] = 127, qs[h] = frand(&r) + 2, bias[h] = 1000 * frand(&r);
+                qi[h * tw] = 127, qs[h] = frand(&r) + 2;
+                for (int t = 0; t < nt; t++) bias[h * nt + t] = 1000 * frand(&r);
             }
-            ops_tip_q4(a, 48, qi, tw, qsum, qs, bias, nq, tiles, ks, nt, tw);
-            ops_tip_q4_ref(b, 48, qi, tw, qsum, qs, bias, nq, tiles, ks, nt, tw);
+            ops_tip_q4(a, 48, qi, tw, qsum, qs, bias, nt, nq, tiles, ks, nt, tw);
+            ops_tip_q4_ref(b, 48, qi, tw, qsum, qs, bias, nt, nq, tiles, ks, nt, tw);
             for (int h = 0; h < nq; h++)
                 for (int i = 0; i < 48; i++)
                     cr_expect_eq(a[h * 48 + i], b[h * 48 + i], "tw %d nq %d h %d row %d: %g vs %g", tw, nq, h, i,
                                  a[h * 48 + i], b[h * 48 + i]);
-            /* row 5 of the first tile, query 0, by the layout's definition */
-            int32_t dot = 0;
-            for (int d = 0; d < tw; d++) {
-                const uint8_t v = tiles[(d / 8) * 64 + 4 * 5 + d % 4];
-                dot += (d % 8 < 4 ? v & 15 : v >> 4) * qi[d];
+            /* row 5 of the first tile and row 5 of the third, query 0, by the layout's definition */
+            for (int t = 0; t < nt; t += 2) {
+                int32_t dot = 0;
+                for (int d = 0; d < tw; d++) {
+                    const uint8_t v = tiles[(size_t)t * tile + (d / 8) * 64 + 4 * 5 + d % 4];
+                    dot += (d % 8 < 4 ? v & 15 : v >> 4) * qi[d];
+                }
+                cr_expect_eq(b[16 * t + 5], fmaf((float)(dot - 8 * qsum[0]), kf[16 * t + 5] * qs[0], bias[t]),
+                             "tw %d tile %d: the twin is not the formula", tw, t);
             }
-            cr_expect_eq(b[5], fmaf((float)(dot - 8 * qsum[0]), kf[5] * qs[0], bias[0]),
-                         "tw %d: the twin is not the formula", tw);
             free(tiles);
             free(qi);
         }

@@ -304,26 +304,36 @@ void kvcache_tip_scores(const kvcache *kv, int layer, int head, int a, int b, co
     const size_t tile = (size_t)(tw / 8) * 64;
     const uint8_t *tq = kv->tq + kv->tip_at[lh];
     const uint16_t *ks = kv->tscale + lh * kv->n_tiles * 16;
-    /* span by span: each query's product with the span's offsets, then whole tiles straight into
-     * S and a tile that [a, b) cuts into through edge */
-    for (int t = a / 16; t * 16 < b;) {
-        const int span = kvcache_tip_span(16 * t), end = kvcache_tip_span_start(span + 1) / 16;
-        float bias[8];
-        for (int h = 0; h < nq; h++) bias[h] = kvcache_tip_offset_dot(Q + (size_t)h * ldq, tip_off(kv, lh, span), tw);
-        while (t < end && t * 16 < b) {
-            int whole = t * 16 >= a ? (b - t * 16) / 16 : 0;
-            whole = whole < end - t ? whole : end - t;
+    /* up to CHUNK tiles at a time: each query's product with each span's offsets, tile by tile,
+     * then whole tiles straight into S and a tile that [a, b) cuts into through edge */
+    enum { CHUNK = 256 };
+    float bias[8 * CHUNK];
+    for (int t0 = a / 16; t0 * 16 < b;) {
+        const int t1 = t0 + CHUNK < (b + 15) / 16 ? t0 + CHUNK : (b + 15) / 16;
+        for (int t = t0; t < t1;) {
+            const int span = kvcache_tip_span(16 * t), end = kvcache_tip_span_start(span + 1) / 16;
+            const int e = end < t1 ? end : t1;
+            for (int h = 0; h < nq; h++) {
+                const float c = kvcache_tip_offset_dot(Q + (size_t)h * ldq, tip_off(kv, lh, span), tw);
+                for (int u = t; u < e; u++) bias[h * CHUNK + u - t0] = c;
+            }
+            t = e;
+        }
+        for (int t = t0; t < t1;) {
+            const int whole = t * 16 >= a ? ((b - t * 16) / 16 < t1 - t ? (b - t * 16) / 16 : t1 - t) : 0;
             if (whole > 0) {
-                ops_tip_q4(S + 16 * t, lds, qi, tw, qsum, qscale, bias, nq, tq + t * tile, ks + 16 * t, whole, tw);
+                ops_tip_q4(S + 16 * t, lds, qi, tw, qsum, qscale, bias + t - t0, CHUNK, nq, tq + t * tile, ks + 16 * t,
+                           whole, tw);
                 t += whole;
                 continue;
             }
-            ops_tip_q4(edge, 16, qi, tw, qsum, qscale, bias, nq, tq + t * tile, ks + 16 * t, 1, tw);
+            ops_tip_q4(edge, 16, qi, tw, qsum, qscale, bias + t - t0, CHUNK, nq, tq + t * tile, ks + 16 * t, 1, tw);
             const int r0 = a > t * 16 ? a - t * 16 : 0, r1 = b < t * 16 + 16 ? b - t * 16 : 16;
             for (int h = 0; h < nq; h++)
                 memcpy(S + (size_t)h * lds + t * 16 + r0, edge + h * 16 + r0, sizeof(float) * (r1 - r0));
             t++;
         }
+        t0 = t1;
     }
 }
 

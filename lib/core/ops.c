@@ -872,7 +872,8 @@ void ops_geglu(float *a, const float *b, int n)
 /* ---- TIP over 4-bit keys (ops.h: ops_tip_q4) ------------------------------------------------- */
 
 void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
-                    const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+                    const float *bias, int ldb, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles,
+                    int tw)
 {
     const size_t tile = (size_t)tw / 8 * 64;
     for (int t = 0; t < n_tiles; t++)
@@ -887,7 +888,8 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
                     }
                 float ks;
                 ops_f16_to_f32(&ks, kscale + 16 * t + r, 1);
-                S[(size_t)h * ldo + 16 * t + r] = fmaf((float)(dot - 8 * qsum[h]), ks * qscale[h], bias[h]);
+                S[(size_t)h * ldo + 16 * t + r] =
+                    fmaf((float)(dot - 8 * qsum[h]), ks * qscale[h], bias[(size_t)h * ldb + t]);
             }
 }
 
@@ -899,15 +901,14 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
  * call to memset per tile, and the kernel ran at 60% of this speed. */
 static inline __attribute__((always_inline)) void
 tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const float *bias,
-          const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+          int ldb, const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512i off[8];
-    __m512 qs[8], bs[8];
+    __m512 qs[8];
 #pragma GCC unroll 8
-    for (int h = 0; h < NQ; h++)
-        off[h] = _mm512_set1_epi32(8 * qsum[h]), qs[h] = _mm512_set1_ps(qscale[h]), bs[h] = _mm512_set1_ps(bias[h]);
+    for (int h = 0; h < NQ; h++) off[h] = _mm512_set1_epi32(8 * qsum[h]), qs[h] = _mm512_set1_ps(qscale[h]);
     for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
         __m512i acc[8];
 #pragma GCC unroll 8
@@ -929,7 +930,8 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
 #pragma GCC unroll 8
         for (int h = 0; h < NQ; h++) {
             const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], off[h]));
-            _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t, _mm512_fmadd_ps(d, _mm512_mul_ps(ks, qs[h]), bs[h]));
+            _mm512_storeu_ps(S + (size_t)h * ldo + 16 * t,
+                             _mm512_fmadd_ps(d, _mm512_mul_ps(ks, qs[h]), _mm512_set1_ps(bias[(size_t)h * ldb + t])));
         }
     }
 }
@@ -940,7 +942,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
  * NQ a constant, as in the AVX-512 kernel. */
 static inline __attribute__((always_inline)) void
 tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale, const float *bias,
-          const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+          int ldb, const int NQ, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     const int ng = tw / 8;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -968,7 +970,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
                 const __m256i d = _mm256_sub_epi32(acc[h], _mm256_set1_epi32(8 * qsum[h]));
                 _mm256_storeu_ps(S + (size_t)h * ldo + 16 * t + 8 * half,
                                  _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ks, _mm256_set1_ps(qscale[h])),
-                                                 _mm256_set1_ps(bias[h])));
+                                                 _mm256_set1_ps(bias[(size_t)h * ldb + t])));
             }
         }
 }
@@ -976,23 +978,23 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
 
 #if defined(OPS_AVX2) || (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__))
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
-                const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+                const float *bias, int ldb, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
     switch (nq) {
-    case 1: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 1, tiles, kscale, n_tiles, tw); break;
-    case 2: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 2, tiles, kscale, n_tiles, tw); break;
-    case 3: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 3, tiles, kscale, n_tiles, tw); break;
-    case 4: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 4, tiles, kscale, n_tiles, tw); break;
-    case 5: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 5, tiles, kscale, n_tiles, tw); break;
-    case 6: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 6, tiles, kscale, n_tiles, tw); break;
-    case 7: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 7, tiles, kscale, n_tiles, tw); break;
-    default: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, 8, tiles, kscale, n_tiles, tw); break;
+    case 1: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 1, tiles, kscale, n_tiles, tw); break;
+    case 2: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 2, tiles, kscale, n_tiles, tw); break;
+    case 3: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 3, tiles, kscale, n_tiles, tw); break;
+    case 4: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 4, tiles, kscale, n_tiles, tw); break;
+    case 5: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 5, tiles, kscale, n_tiles, tw); break;
+    case 6: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 6, tiles, kscale, n_tiles, tw); break;
+    case 7: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 7, tiles, kscale, n_tiles, tw); break;
+    default: tip_q4_nq(S, ldo, qi, ldq, qsum, qscale, bias, ldb, 8, tiles, kscale, n_tiles, tw); break;
     }
 }
 #else
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
-                const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
+                const float *bias, int ldb, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw)
 {
-    ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, bias, nq, tiles, kscale, n_tiles, tw);
+    ops_tip_q4_ref(S, ldo, qi, ldq, qsum, qscale, bias, ldb, nq, tiles, kscale, n_tiles, tw);
 }
 #endif

@@ -130,14 +130,16 @@ float ops_exp_shifted_ref(float *y, const float *x, int n, float scale, double *
  * of 16 rows; a tile holds tw / 8 groups of 64 bytes, and in group j byte 4 r + b holds dim
  * 8 j + b of row r in its low nibble and dim 8 j + 4 + b in its high one, each value stored as
  * n = (k - offset) / kscale[r] + 8 (1..15), kscale[r] an f16. Queries come as 8-bit integers qi
- * (ldq apart, tw each) with qscale, qsum = sum of qi, and bias = the query's product with the
- * rows' offsets. For rows r < 16 n_tiles and queries h < nq (at most 8):
- *   S[h ldo + r] = fmaf((float)(sum_d n[r][d] qi[h][d] - 8 qsum[h]), kscale[r] * qscale[h], bias[h])
+ * (ldq apart, tw each) with qscale, qsum = sum of qi, and bias[h ldb + t] = query h's product
+ * with tile t's offsets. For rows r < 16 n_tiles and queries h < nq (at most 8):
+ *   S[h ldo + r] = fmaf((float)(sum_d n[r][d] qi[h][d] - 8 qsum[h]), kscale[r] * qscale[h],
+ *                       bias[h ldb + r / 16])
  * The integer sums are exact, so the fast kernels (AVX512-VNNI vpdpbusd; AVX2 vpmaddubsw) equal
  * the twin exactly. */
 void ops_tip_q4(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
-                const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw);
+                const float *bias, int ldb, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw);
 void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, const float *qscale,
-                    const float *bias, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles, int tw);
+                    const float *bias, int ldb, int nq, const uint8_t *tiles, const uint16_t *kscale, int n_tiles,
+                    int tw);
 
 #endif

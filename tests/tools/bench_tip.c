@@ -22,7 +22,8 @@ static void run(int tw, size_t n_tiles)
     float *S = malloc(3 * 16 * n_tiles * sizeof *S);
     int8_t qi[3 * 1032];
     int32_t qsum[3] = { 0, 0, 0 };
-    const float qs[3] = { 1, 1, 1 }, bias[3] = { 0, 0, 0 };
+    const float qs[3] = { 1, 1, 1 };
+    static float bias[3 * 128];
     if (!t || !ks || !S) exit(1);
     memset(t, 0x5a, n_tiles * tile);
     for (size_t i = 0; i < n_tiles * 16; i++) ks[i] = 0x3c00;   /* f16 1.0 */
@@ -31,7 +32,8 @@ static void run(int tw, size_t n_tiles)
     for (int rep = 0; rep < 20; rep++) {
         const unsigned long long c0 = __rdtsc();
         for (size_t a = 0; a + 128 <= n_tiles; a += 128)
-            ops_tip_q4(S + 16 * a, (int)(16 * n_tiles), qi, tw, qsum, qs, bias, 3, t + a * tile, ks + 16 * a, 128, tw);
+            ops_tip_q4(S + 16 * a, (int)(16 * n_tiles), qi, tw, qsum, qs, bias, 128, 3, t + a * tile, ks + 16 * a, 128,
+                       tw);
         const unsigned long long c = __rdtsc() - c0;
         best = c < best ? c : best;
     }
