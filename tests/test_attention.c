@@ -596,9 +596,9 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
  * by side (a map of 32), every row scored as the copy's rounding defines it (kvcache_tip_key and
  * kvcache_tip_query over the whole map; each span's rows against the offsets the span before
  * gives, kvcache_tip_span_add and kvcache_tip_span_offset), the resident bytes those widths'
- * sum, and a row copied (kvcache_copy_row) into the fourth span scoring as its key put there.
- * Reading one (layer, head) at another's width or offset, or a span at another's offsets, fails
- * it. */
+ * sum, and rows copied (kvcache_copy_row) into the fourth span, its first among them, scoring
+ * as their keys put there. Reading one (layer, head) at another's width or offset, or a span at
+ * another's offsets, fails it. */
 Test(attention, tip_copy_widths_per_layer_and_head)
 {
     enum { L = 2, G = 2, T = 300, TW = 32, D = 64, COPY = 266 };   /* spans from 0, 64, 128, 256 */
@@ -618,6 +618,7 @@ Test(attention, tip_copy_widths_per_layer_and_head)
             kvcache_put_key(&kv, lh / G, lh % G, i, keys[lh][i]);
         }
     kvcache_copy_row(&kv, 9, COPY);
+    kvcache_copy_row(&kv, 10, 256);   /* a span's first row again: its offsets recomputed from the copy */
     double bytes = 0;
     for (int lh = 0; lh < L * G; lh++) {
         cr_expect_eq(kv.tip_w[lh], 8 * (lh + 1), "(%d, %d): %d dims", lh / G, lh % G, kv.tip_w[lh]);
@@ -638,7 +639,7 @@ Test(attention, tip_copy_widths_per_layer_and_head)
                 c = kvcache_tip_offset_dot(q, off, TW);
                 cr_assert(c != 0, "(%d, %d): no offsets", lh / G, lh % G);
             }
-            const float *key = keys[lh][i == COPY ? 9 : i];
+            const float *key = keys[lh][i == COPY ? 9 : i == 256 ? 10 : i];
             float k16[D];
             for (int j = 0; j < D; j++) k16[j] = gguf_f16_to_f32(gguf_f32_to_f16(key[j]));
             const float ks = gguf_f16_to_f32(gguf_f32_to_f16(kvcache_tip_key(k16, map + lh * TW, TW, off, v)));
