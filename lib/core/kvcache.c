@@ -102,7 +102,8 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
         kv->toff = calloc(heads * kv->n_spans * tw, sizeof *kv->toff);   /* the first span's: none */
         kv->tsum = calloc(heads * tw, sizeof *kv->tsum);
         kv->tlast = malloc(heads * sizeof *kv->tlast);
-        if (!kv->tq || !kv->tscale || !kv->toff || !kv->tsum || !kv->tlast) {
+        kv->tset = calloc(heads * kv->n_spans, 1);
+        if (!kv->tq || !kv->tscale || !kv->toff || !kv->tsum || !kv->tlast || !kv->tset) {
             kvcache_free(kv);
             return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
         }
@@ -138,10 +139,10 @@ void kvcache_free(kvcache *kv)
         free(kv->k), free(kv->kr), free(kv->v);
     }
     free(kv->tip_map), free(kv->tip_w), free(kv->tip_at), free(kv->tq), free(kv->tscale);
-    free(kv->toff), free(kv->tsum), free(kv->tlast);
+    free(kv->toff), free(kv->tsum), free(kv->tlast), free(kv->tset);
     kv->k = kv->kr = kv->v = kv->cold = NULL;
     kv->tip_map = NULL, kv->tip_w = NULL, kv->tip_at = NULL, kv->tq = NULL, kv->tscale = NULL;
-    kv->toff = kv->tsum = NULL, kv->tlast = NULL;
+    kv->toff = kv->tsum = NULL, kv->tlast = NULL, kv->tset = NULL;
 }
 
 size_t kvcache_bytes(const kvcache *kv, int n_tokens)
@@ -272,18 +273,21 @@ static float tip_get(const kvcache *kv, size_t lh, int i, int8_t *v)
 
 /* Row i of the TIP copy of (layer, head) from a key, into the row's nibbles of its tile (ops.h,
  * ops_tip_q4): value v + 8. The first row of a span sets the span's offsets from the previous
- * span as the copy holds it. The copy's values are summed row after row as they are written
- * (tsum); a row that does not follow the last one written (a cache rolled back, a copied row)
- * sums its span's rows before it again from the copy: the same sums in the same order. */
+ * span as the copy holds it, unless they are set and that span has not been written since (a
+ * cache rolled back to a span's start: the speed bench's repeats). The copy's values are summed
+ * row after row as they are written (tsum); a row that does not follow the last one written (a
+ * cache rolled back, a copied row) sums its span's rows before it again from the copy: the same
+ * sums in the same order. */
 static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
 {
     const int tw = kv->tip_width;
     const size_t lh = (size_t)layer * kv->n_kv_head + head;
     const int w = kv->tip_w[lh], span = kvcache_tip_span(i), s0 = kvcache_tip_span_start(span);
     const int from = span > 0 && i == s0 ? kvcache_tip_span_start(span - 1) : s0;   /* what sum must hold */
+    const int set = span > 0 && i == s0 && kv->tset[lh * kv->n_spans + span];
     float *sum = kv->tsum + lh * tw;
     int8_t v[1032];
-    if (kv->tlast[lh] != i - 1) {
+    if (kv->tlast[lh] != i - 1 && !set) {
         memset(sum, 0, sizeof(float) * tw);
         for (int r = from; r < i; r++) {
             const float scale = tip_get(kv, lh, r, v);
@@ -291,10 +295,14 @@ static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
         }
     }
     if (span > 0 && i == s0) {
-        memset(tip_off(kv, lh, span), 0, sizeof(float) * tw);
-        kvcache_tip_span_offset(sum, i - from, tip_off(kv, lh, span - 1), w, tip_off(kv, lh, span));
+        if (!set) {
+            memset(tip_off(kv, lh, span), 0, sizeof(float) * tw);
+            kvcache_tip_span_offset(sum, i - from, tip_off(kv, lh, span - 1), w, tip_off(kv, lh, span));
+            kv->tset[lh * kv->n_spans + span] = 1;
+        }
         memset(sum, 0, sizeof(float) * tw);
     }
+    if (span + 1 < kv->n_spans) kv->tset[lh * kv->n_spans + span + 1] = 0;   /* this span changes */
     const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, tip_off(kv, lh, span), v);
     ops_f32_to_f16(kv->tscale + lh * kv->n_tiles * 16 + i, &scale, 1);
     kvcache_tip_span_add(sum, v, scale, w);
