@@ -84,6 +84,7 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
             return fasa_error(err, FASA_ENOMEM, "out of memory");
         }
         memcpy(kv->tip_map, o->tip_map, heads * tw * sizeof *kv->tip_map);
+        kv->tip_id = kvcache_tip_map_id(kv->tip_map, heads * tw);
         for (size_t i = 0; i < heads * tw; i++)
             if (kv->tip_map[i] >= d_head) {
                 kvcache_free(kv);
@@ -154,6 +155,13 @@ size_t kvcache_cold_bytes(const kvcache *kv, int n_tokens)
 {
     if (!kv->cold) return 0;
     return (size_t)kv->n_layer * kv->n_kv_head * n_tokens * (2 * kv->d_head - kv->n_split) * kvcache_esz(kv);
+}
+
+uint64_t kvcache_tip_map_id(const int16_t *map, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint16_t)map[i]) * 1099511628211ull;
+    return h;
 }
 
 int kvcache_tip_w(const int16_t *map, int tw)

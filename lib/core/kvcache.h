@@ -76,6 +76,7 @@ typedef struct kvcache {
     void *cold;      /* the cold tier's mapping (kr and v; k and v with a TIP copy), or NULL */
     size_t cold_len;
     int tip_width;   /* the TIP copy: dims per key at most, 0 when there is none */
+    uint64_t tip_id; /* kvcache_tip_map_id of its map: a policy reads the copy only when its map is this one */
     int n_tiles;     /* tiles of 16 keys per (layer, KV head): n_ctx rounded up */
     int16_t *tip_map;/* (n_layer, n_kv_head, tip_width) */
     int *tip_w;      /* (n_layer, n_kv_head) its dims: to its map's last dim, a multiple of 8 */
@@ -162,6 +163,9 @@ void kvcache_tip_span_offset(const float *sum, int n, const float *off, int tw, 
 /* The dims the copy keeps of a (layer, head) whose map (tw entries) is map: to its last mapped
  * dim, a multiple of 8 (at least 8). */
 int kvcache_tip_w(const int16_t *map, int tw);
+/* A hash (FNV-1a) of a copy's map of n entries: two maps of one width that differ read as
+ * different copies. */
+uint64_t kvcache_tip_map_id(const int16_t *map, size_t n);
 /* Bytes a token takes in a copy of `heads` (layer, head)s mapped by map (tw entries each). */
 double kvcache_tip_map_bytes(const int16_t *map, size_t heads, int tw);
 /* Bytes a key of tw dims takes in the TIP copy (its nibbles, its f16 scale and its share of its

@@ -259,7 +259,7 @@ static int tip_block_ok(const model *m, const run_state *s)
     const policy *p = s->policy;
     const int ns = s->kv.n_split;
     return p && p->o.kind == POLICY_FASA && !p->o.group && p->tip && m->cfg.n_head / m->cfg.n_kv_head <= 8 &&
-           ((p->o.tip_bits && p->tip_width && s->kv.tip_width == p->tip_width) ||
+           ((p->o.tip_bits && p->tip_width && s->kv.tip_width == p->tip_width && s->kv.tip_id == p->tip_id) ||
             (!p->o.tip_bits && p->o.block == 1 && ns == p->n_dom) ||
             (!p->o.tip_bits && p->o.block == 2 && p->dom_end <= ns));
 }

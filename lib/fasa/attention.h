@@ -72,6 +72,7 @@ typedef struct policy {
     int dom_end;             /* 1 + the largest of them: a key block that wide holds them all */
     int tip_width;           /* tip_bits: dims of the copy (the widest union, to a multiple of 8) */
     int16_t *tip_map;        /* (n_layer, n_kv_head, tip_width) the key dim each copy dim holds, or -1 */
+    uint64_t tip_id;         /* kvcache_tip_map_id of tip_map: a cache's copy of another map is not read */
     int16_t *tip_pos;        /* (n_layer, n_head, 2F) where each of a head's dims sits in the copy */
     /* scratch for a context of n_ctx tokens and n_threads threads (policy_reserve) */
     int n_ctx, n_threads;

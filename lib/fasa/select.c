@@ -128,6 +128,7 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
             }
         free(u);
         free(nu);
+        p->tip_id = kvcache_tip_map_id(p->tip_map, (size_t)c->n_layer * G * tw);
     }
     return 0;
 }
@@ -260,7 +261,7 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
     const int tw = p->tip_width;
     float qt[1032];
     policy_tip_query(p, l, h, q, qt);
-    if (kv->tip_width == tw) {
+    if (kv->tip_width == tw && kv->tip_id == p->tip_id) {   /* the copy of this policy's map */
         kvcache_tip_scores(kv, l, g, 0, t, qt, 1, tw, S, t);
         return;
     }
