@@ -489,9 +489,9 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
 /* ---------------------------------------------------------------- ruler */
 
 /* The cache options every policy of cfg can read: the TIP copy of the first policy with one
- * (they share F and the profile, so one copy serves them all; without it TIP rounds each key
- * itself, the same scores far slower). Returns the map the options point at (the caller frees
- * it after the last run state is made), or NULL. */
+ * (policies of its F and profile read it; one of another F has another map and, as a policy
+ * without a copy in the cache, rounds each key itself: the same scores far slower). Returns the
+ * map the options point at (the caller frees it after the last run state is made), or NULL. */
 static int16_t *bench_kv_opts(const model *m, const bench_cfg *cfg, kv_opts *ko, char *err)
 {
     for (int i = 0; i < cfg->n_policy; i++) {
