@@ -853,3 +853,44 @@ Test(attention, attend_hook_gets_the_same_rows, .timeout = 60)
     free(want); free(got);
     env_close(&e);
 }
+
+/* A cache whose TIP copy holds another policy's map (RULER's shared prefill: the first 4-bit
+ * policy's copy) is not read by a policy of another F even when the widths match: that policy
+ * rounds the keys itself, the same scores, and decodes as it does over a cache of its own copy
+ * (to float rounding: it takes the per-query route there). Before the maps' hashes were
+ * compared it read the other copy at its own dims' places. */
+Test(attention, tip_copy_of_another_map_is_not_read, .timeout = 60)
+{
+    env e;
+    env_open(&e, 53);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    policy pa, pb;
+    policy_opts oa = policy_defaults(POLICY_FASA, e.m, 64), ob;
+    oa.prof = &e.p, oa.n_dense_layers = 1, oa.tip_bits = 4, oa.n_recent = 8;
+    ob = oa;
+    oa.fcs = 3, ob.fcs = 4;
+    cr_assert_eq(policy_init(&pa, e.m, &oa, err), 0, "%s", err);
+    cr_assert_eq(policy_init(&pb, e.m, &ob, err), 0, "%s", err);
+    cr_assert_eq(pa.tip_width, pb.tip_width, "the maps' widths differ (%d, %d): no test", pa.tip_width, pb.tip_width);
+    cr_assert_neq(pa.tip_id, pb.tip_id);
+    float *out[2];
+    for (int k = 0; k < 2; k++) {   /* b over a cache of a's copy, then over its own */
+        kv_opts ko = { .f16 = 1 };
+        policy_kv_opts(k ? &pb : &pa, &ko);
+        run_state *s = prefilled(&e, &ko, &pb);
+        out[k] = malloc(sizeof(float) * 20 * V);
+        for (int i = 200; i < 220; i++) {
+            cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+            memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+        }
+        run_state_free(s);
+    }
+    double diff = 0, big = 0;
+    for (size_t i = 0; i < 20 * V; i++)
+        diff = fmax(diff, fabs(out[0][i] - out[1][i])), big = fmax(big, fabs(out[1][i]));
+    cr_expect_leq(diff, 1e-5 * big, "logits %g apart over a's copy and over b's own (largest %g)", diff, big);
+    free(out[0]), free(out[1]);
+    policy_free(&pa), policy_free(&pb);
+    env_close(&e);
+}
