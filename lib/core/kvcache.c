@@ -101,14 +101,11 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
         kv->tscale = kv_alloc(tiles * 16 * sizeof *kv->tscale);
         kv->n_spans = kvcache_tip_span(n_ctx - 1) + 1;
         kv->toff = calloc(heads * kv->n_spans * tw, sizeof *kv->toff);   /* the first span's: none */
-        kv->tsum = calloc(heads * tw, sizeof *kv->tsum);
-        kv->tlast = malloc(heads * sizeof *kv->tlast);
         kv->tset = calloc(heads * kv->n_spans, 1);
-        if (!kv->tq || !kv->tscale || !kv->toff || !kv->tsum || !kv->tlast || !kv->tset) {
+        if (!kv->tq || !kv->tscale || !kv->toff || !kv->tset) {
             kvcache_free(kv);
             return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
         }
-        for (size_t lh = 0; lh < heads; lh++) kv->tlast[lh] = -1;
     }
     if (cold_dir) {
         /* FASA-M: what TIP reads stays (the dominant block, or the copy); the rest goes cold */
@@ -140,10 +137,10 @@ void kvcache_free(kvcache *kv)
         free(kv->k), free(kv->kr), free(kv->v);
     }
     free(kv->tip_map), free(kv->tip_w), free(kv->tip_at), free(kv->tq), free(kv->tscale);
-    free(kv->toff), free(kv->tsum), free(kv->tlast), free(kv->tset);
+    free(kv->toff), free(kv->tset);
     kv->k = kv->kr = kv->v = kv->cold = NULL;
     kv->tip_map = NULL, kv->tip_w = NULL, kv->tip_at = NULL, kv->tq = NULL, kv->tscale = NULL;
-    kv->toff = kv->tsum = NULL, kv->tlast = NULL, kv->tset = NULL;
+    kv->toff = NULL, kv->tset = NULL;
 }
 
 size_t kvcache_bytes(const kvcache *kv, int n_tokens)
@@ -282,39 +279,28 @@ static float tip_get(const kvcache *kv, size_t lh, int i, int8_t *v)
 /* Row i of the TIP copy of (layer, head) from a key, into the row's nibbles of its tile (ops.h,
  * ops_tip_q4): value v + 8. The first row of a span sets the span's offsets from the previous
  * span as the copy holds it, unless they are set and that span has not been written since (a
- * cache rolled back to a span's start: the speed bench's repeats). The copy's values are summed
- * row after row as they are written (tsum); a row that does not follow the last one written (a
- * cache rolled back, a copied row) sums its span's rows before it again from the copy: the same
- * sums in the same order. */
+ * cache rolled back to a span's start, as the speed bench's repeats do): once per span of up to
+ * 1,024 keys, a read of the span before. */
 static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
 {
     const int tw = kv->tip_width;
     const size_t lh = (size_t)layer * kv->n_kv_head + head;
-    const int w = kv->tip_w[lh], span = kvcache_tip_span(i), s0 = kvcache_tip_span_start(span);
-    const int from = span > 0 && i == s0 ? kvcache_tip_span_start(span - 1) : s0;   /* what sum must hold */
-    const int set = span > 0 && i == s0 && kv->tset[lh * kv->n_spans + span];
-    float *sum = kv->tsum + lh * tw;
+    const int w = kv->tip_w[lh], span = kvcache_tip_span(i);
+    uint8_t *set = kv->tset + lh * kv->n_spans;
     int8_t v[1032];
-    if (kv->tlast[lh] != i - 1 && !set) {
-        memset(sum, 0, sizeof(float) * tw);
-        for (int r = from; r < i; r++) {
+    if (span > 0 && i == kvcache_tip_span_start(span) && !set[span]) {
+        const int r0 = kvcache_tip_span_start(span - 1);
+        float sum[1032] = { 0 };
+        for (int r = r0; r < i; r++) {
             const float scale = tip_get(kv, lh, r, v);
             kvcache_tip_span_add(sum, v, scale, w);
         }
+        kvcache_tip_span_offset(sum, i - r0, tip_off(kv, lh, span - 1), w, tip_off(kv, lh, span));
+        set[span] = 1;
     }
-    if (span > 0 && i == s0) {
-        if (!set) {
-            memset(tip_off(kv, lh, span), 0, sizeof(float) * tw);
-            kvcache_tip_span_offset(sum, i - from, tip_off(kv, lh, span - 1), w, tip_off(kv, lh, span));
-            kv->tset[lh * kv->n_spans + span] = 1;
-        }
-        memset(sum, 0, sizeof(float) * tw);
-    }
-    if (span + 1 < kv->n_spans) kv->tset[lh * kv->n_spans + span + 1] = 0;   /* this span changes */
+    if (span + 1 < kv->n_spans) set[span + 1] = 0;   /* this span changes: the next one's offsets are due */
     const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, tip_off(kv, lh, span), v);
     ops_f32_to_f16(kv->tscale + lh * kv->n_tiles * 16 + i, &scale, 1);
-    kvcache_tip_span_add(sum, v, scale, w);
-    kv->tlast[lh] = i;
     uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
     for (int j = 0; j < w / 8; j++)
         for (int b = 0; b < 4; b++)

@@ -84,8 +84,6 @@ typedef struct kvcache {
     uint8_t *tq;     /* per (layer, KV head): (n_tiles, tip_w / 8, 64) 4-bit values (ops_tip_q4) */
     uint16_t *tscale;/* (n_layer, n_kv_head, 16 n_tiles) one f16 scale per key */
     float *toff;     /* (n_layer, n_kv_head, n_spans, tip_width) the offsets per dim of each span */
-    float *tsum;     /* (n_layer, n_kv_head, tip_width) the copy's values summed over its span so far */
-    int *tlast;      /* (n_layer, n_kv_head) the row tsum ends with, -1: none */
     uint8_t *tset;   /* (n_layer, n_kv_head, n_spans) the span's offsets hold for the span before as it is */
     int n_spans;     /* spans of n_ctx keys (kvcache_tip_span) */
 } kvcache;
