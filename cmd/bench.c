@@ -43,7 +43,9 @@ static const char usage_text[] =
     "                        fasa-1/4, fasa:F, fasa-group, fasa-block, fasa-nodense, fasa-q4,\n"
     "                        oracle, stream, snapkv, h2o, quest, random (default per task); fasa's\n"
     "                        variants combine, e.g. fasa-1/4-block-s0-r64@20.14: -sN sinks (default\n"
-    "                        4), -rN recent tokens (default half the budget), @L.L dense layers\n"
+    "                        4), -rN recent tokens (default half the budget), @L.L dense layers,\n"
+    "                        -dN or -dKx the dense layers' budget (N tokens, K times the budget);\n"
+    "                        default takes them too (default-d0: layer 0 attends to every token)\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024);\n"
     "                        speed: one N, or auto as 'fasa run --budget auto' (--target-mass P)\n"
     "      --k LIST          K values (ca; default 64,256,512,768,1024,2048)\n"
@@ -63,6 +65,7 @@ static const char usage_text[] =
     "                        (default), group, union\n"
     "      --per-head        speed: the same as --tip union (older name)\n"
     "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
+    "      --dense-budget N  speed: fasa-c's and fasa-m's dense layers as 'fasa run --dense-budget'\n"
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
     "      --steps M         decode steps (default 256)\n"
@@ -188,6 +191,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
  * caller), or -1 after saying why. */
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
+static long dense_budget = 1L << 30; /* --dense-budget (speed; 1 << 30: not given) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
 static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
@@ -221,6 +225,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.kv_f16 = kv_f16;
     cfg.tip = tip;
     cfg.rerank = (int)rerank;
+    if (dense_budget != 1L << 30) cfg.dense_budget = (int)dense_budget, cfg.set_dense_budget = 1;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];
@@ -385,7 +390,7 @@ int cmd_bench(int argc, char **argv)
         { "per-head", no_argument, 0, 'H' },      { "fill", required_argument, 0, 'f' },
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
-        { "target-mass", required_argument, 0, 'm' },
+        { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -421,6 +426,7 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
+        case 'd': if (parse_dense_budget(optarg, &dense_budget)) return EXIT_USAGE; break;
         case 'm':
             if (parse_float("--target-mass", optarg, 1e-3, 0.999, &target_mass)) return EXIT_USAGE;
             break;

@@ -120,6 +120,17 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
     return 0;
 }
 
+int parse_dense_budget(const char *s, long *out)
+{
+    const size_t n = strlen(s);
+    char num[32];
+    if (n < 2 || n >= sizeof num || s[n - 1] != 'x') return parse_int("--dense-budget", s, 0, 1 << 24, out);
+    memcpy(num, s, n - 1), num[n - 1] = 0;
+    if (parse_int("--dense-budget", num, 1, 1024, out)) return -1;
+    *out = -*out;
+    return 0;
+}
+
 int parse_kv_type(const char *s, int *f16)
 {
     if (strcmp(s, "f16") && strcmp(s, "f32")) {

@@ -32,6 +32,8 @@ static const char usage_text[] =
     "      --target-mass P   fasa: the share of attention mass --budget auto keeps (0 < P < 1)\n"
     "      --fcs F           fasa: dominant frequency chunks per head (default: the profile's)\n"
     "      --dense-layers N  fasa: first N layers attend densely (default 1)\n"
+    "      --dense-budget N  fasa: those layers attend to N tokens, chosen as the others' are\n"
+    "                        (0: all of them)\n"
     "      --dense LIST      fasa: these layers attend densely too, e.g. 20,14 (the layers\n"
     "                        'fasa bench --task ca --per-layer' shows losing attention mass on\n"
     "                        the calibration text)\n"
@@ -80,7 +82,7 @@ static const char usage_text[] =
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_EXACT, OPT_KV_TYPE, OPT_DENSE_LIST,
-       OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK };
+       OPT_DENSE_BUDGET, OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -101,7 +103,7 @@ static const struct option long_opts[] = {
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
     { "rerank", required_argument, 0, OPT_RERANK },
-    { "target-mass", required_argument, 0, OPT_MASS },
+    { "target-mass", required_argument, 0, OPT_MASS }, { "dense-budget", required_argument, 0, OPT_DENSE_BUDGET },
     { 0, 0, 0, 0 },
 };
 
@@ -196,6 +198,10 @@ int cmd_run(int argc, char **argv)
         case OPT_DENSE:
             if (parse_int("--dense-layers", optarg, 0, 1024, &v)) return EXIT_USAGE;
             so.n_dense_layers = (int)v;
+            break;
+        case OPT_DENSE_BUDGET:
+            if (parse_dense_budget(optarg, &v)) return EXIT_USAGE;
+            so.dense_budget = (int)v;
             break;
         case OPT_GROUP: so.group = 1; break;
         case OPT_SINKS: if (parse_int("--sinks", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_sink = (int)v; break;

@@ -26,8 +26,8 @@ int fasa_mode_parse(const char *s)
 
 session_opts session_defaults(void)
 {
-    return (session_opts){ .budget = 256, .n_dense_layers = 1, .n_sink = -1, .n_recent = -1, .kv_f16 = -1,
-                           .n_batch = 64 };
+    return (session_opts){ .budget = 256, .n_dense_layers = 1, .dense_budget = SESSION_DENSE_BUDGET, .n_sink = -1,
+                           .n_recent = -1, .kv_f16 = -1, .n_batch = 64 };
 }
 
 int session_find_profile(const model *m, const char *model_path, const char *path, profile *out, char *where,
@@ -163,6 +163,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     po->fcs = o->fcs ? o->fcs : prof->fcs;
     po->n_dense_layers = o->n_dense_layers;
     po->dense_mask = o->dense_mask;
+    po->dense_budget = o->dense_budget;
     po->group = o->group;
     if (o->n_sink >= 0) po->n_sink = o->n_sink;
     if (o->n_recent >= 0) po->n_recent = o->n_recent;
@@ -239,10 +240,14 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
                  po->auto_min, po->budget);
     else
         snprintf(budget, sizeof budget, "%d", po->budget);
+    char wide[48] = "";   /* what the dense layers attend to, when not every token */
+    if (po->dense_budget && (po->n_dense_layers || o->dense_mask))
+        snprintf(wide, sizeof wide, " attending to %ld tokens",
+                 po->dense_budget > 0 ? (long)po->dense_budget : -(long)po->dense_budget * po->budget);
     snprintf(ss->note, sizeof ss->note,
-             "%s (profile '%s', budget %s with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s; %s)",
+             "%s (profile '%s', budget %s with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s%s; %s)",
              fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
-             po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense,
+             po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense, wide,
              o->group ? ", per-KV-head selection" : "", tip);
     return 0;
 }

@@ -41,6 +41,9 @@ enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
 #define SESSION_AUTO_MIN 160
 #define SESSION_AUTO_MAX 1024
 #define SESSION_AUTO_RECENT 128
+/* the dense layer (layer 0) attends to 4 times the budget, chosen as the others' tokens are:
+ * chosen on the calibration text (README, Accuracy) */
+#define SESSION_DENSE_BUDGET (-4)
 
 /* What the token importance predictor reads. */
 enum fasa_tip {
@@ -65,6 +68,8 @@ typedef struct session_opts {
     int fcs;                   /* F: dominant chunks per head (0: the profile's) */
     int n_dense_layers;        /* layers 0..n-1 attend densely (1) */
     uint64_t dense_mask;       /* and these, layer l < 64 as bit l */
+    int dense_budget;          /* those layers attend to this many tokens (> 0), -dense_budget times
+                                * the budget (< 0), or all (0): policy_opts.dense_budget */
     int n_sink, n_recent;      /* forced tokens within the budget (-1: the policy's defaults) */
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */

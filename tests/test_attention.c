@@ -748,6 +748,57 @@ Test(attention, auto_budget_routes_agree, .timeout = 60)
     env_close(&e);
 }
 
+/* A dense layer with a budget of its own (policy_opts.dense_budget) attends to that many tokens,
+ * the other layers to the budget, on the fused decode step and on the per-query path alike;
+ * without one the dense layer attends to every token and is not counted as a selection. */
+Test(attention, dense_layer_budget, .timeout = 60)
+{
+    env e;
+    env_open(&e, 50);
+    char err[FASA_ERRLEN];
+    const size_t V = e.m->cfg.n_vocab;
+    const int L = e.m->cfg.n_layer, B = 40, D = 96;
+    const attn_obs watch = { .on_query = noop_query };
+    ops_threads_adaptive(0);
+    omp_set_num_threads(2);
+    float *ref = NULL;
+    for (int db = 0; db < 2; db++) {
+        policy pol;
+        policy_opts o = policy_defaults(POLICY_FASA, e.m, B);
+        o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.tip_bits = 4, o.dense_budget = db ? D : 0;
+        cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
+        float *out[2];
+        double sel[2];
+        for (int k = 0; k < 2; k++) {
+            kv_opts ko = { .f16 = 1 };
+            policy_kv_opts(&pol, &ko);
+            run_state *s = prefilled(&e, &ko, &pol);
+            s->obs = k ? &watch : NULL;
+            out[k] = malloc(sizeof(float) * 40 * V);
+            policy_selected(&pol, NULL);
+            for (int i = 200; i < 240; i++) {
+                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+            }
+            sel[k] = policy_selected(&pol, NULL);
+            run_state_free(s);
+        }
+        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "dense budget %d: fused and per-query differ (%g)",
+                      o.dense_budget, max_rel(out[0], out[1], 40 * V));
+        const double want = db ? (double)(D + B * (L - 1)) / L : B;
+        for (int k = 0; k < 2; k++)
+            cr_expect_float_eq(sel[k], want, 1e-9, "dense budget %d, %s: %g tokens per query, not %g", o.dense_budget,
+                               k ? "per query" : "fused", sel[k], want);
+        if (db) cr_expect_gt(max_rel(out[0], ref, 40 * V), 1e-6, "layer 0 attended to every token all the same");
+        free(out[1]);
+        if (db) free(out[0]);
+        else ref = out[0];
+        policy_free(&pol);
+    }
+    free(ref);
+    env_close(&e);
+}
+
 /* Rerank (policy_opts.rerank): when TIP's picks cover every row between the forced ones, their
  * exact scores choose as exact keys do, on the fused decode step and on the per-query path
  * alike; without rerank the 4-bit TIP chooses otherwise, so the test can tell. */

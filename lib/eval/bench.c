@@ -24,7 +24,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
-        /* default-aPP[-minN]: the same with a budget that sets itself */
+        /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -33,12 +33,15 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         if (v.o.rerank) out->o.rerank = v.o.rerank;
+        for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
+            if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
+        if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
     int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
-    int auto_min = 64, rerank = 0;
+    int auto_min = 64, rerank = 0, dense_budget = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
@@ -63,6 +66,14 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-group")) group = 1;
         else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
+        else if (dash[1] == 'd' && dash[2] >= '0' && dash[2] <= '9') {   /* -dN, -dKx: the dense layers' budget */
+            char *end;
+            const long v = strtol(dash + 2, &end, 10);
+            const int times = *end == 'x' && !end[1] && v >= 1 && v <= 1024;
+            if ((*end && !times) || v > 1 << 24)
+                return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
+            dense_budget = times ? (int)-v : (int)v;
+        }
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
@@ -97,6 +108,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.rerank = rerank;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
+    out->o.dense_budget = dense_budget;
     if (sink >= 0) out->o.n_sink = sink;
     if (recent >= 0) out->o.n_recent = recent;
     out->o.prof = prof;

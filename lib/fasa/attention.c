@@ -221,7 +221,8 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
                                   tip ? p->tip + (size_t)h * p->tip_ld : NULL,
                                   p->rr ? p->rr + (size_t)tid * 3 * p->n_ctx : NULL };
-            n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, p->o.budget, idx, &sc);
+            n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, policy_layer_budget(&p->o, l), idx,
+                                  &sc);
             if (n_sel >= 0) policy_count(p, tid, n_sel);
             /* TIP's bytes: the block once per KV group when the group scored together */
             if (n_sel >= 0 && (!tip || h % w->grp == 0))
@@ -281,16 +282,16 @@ static enum attn_path attn_path_of(const model *m, run_state *s, int l, int n)
     const int windowed = model_layer_local(&m->cfg, l) && s->n_past + n > m->cfg.sliding_window;
     if (s->attend_hook) return ATTN_PER_QUERY;
     if (n > 1) return !sparse && !windowed && n <= 512 && s->attn->bscores ? ATTN_DENSE_BATCH : ATTN_PER_QUERY;
-    const int dense = !sparse || p->o.kind == POLICY_FULL || p->o.budget >= t1 || policy_layer_dense(&p->o, l) ||
-                      model_layer_local(&m->cfg, l);
+    const int budget = p ? policy_layer_budget(&p->o, l) : 0;
+    const int dense = !sparse || p->o.kind == POLICY_FULL || budget >= t1 || model_layer_local(&m->cfg, l);
     if (dense) return !s->obs && !s->stats && grp <= 8 && m->cfg.d_head <= 1024 ? ATTN_DENSE_DECODE : ATTN_PER_QUERY;
     int lo, hi;
     /* a budget that sets itself takes this path when the forced rows leave room under its minimum
      * (policy_select then always chooses among [lo, hi)) and TIP's picks are not reranked */
-    if (tip_block_ok(m, s) && !s->obs && !s->stats && policy_forced(&p->o, t1, p->o.budget, &lo, &hi) && hi > lo &&
+    if (tip_block_ok(m, s) && !s->obs && !s->stats && policy_forced(&p->o, t1, budget, &lo, &hi) && hi > lo &&
         (!(p->o.auto_mass > 0) || (p->o.rerank <= 1 && lo + (t1 - hi) < p->o.auto_min))) {
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        const int mid = tip_picks(p, p->o.budget - lo - (t1 - hi), hi - lo);
+        const int mid = tip_picks(p, budget - lo - (t1 - hi), hi - lo);
         if ((size_t)threads * mid <= (size_t)s->n_ctx && policy_reserve_picks(p, threads, mid) == 0)
             return ATTN_FASA_DECODE;
     }
@@ -325,10 +326,11 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
     case ATTN_FASA_DECODE: {
         const policy *p = s->policy;
         int lo, hi, ldq;
-        policy_forced(&p->o, t1, p->o.budget, &lo, &hi);
+        const int budget = policy_layer_budget(&p->o, l);
+        policy_forced(&p->o, t1, budget, &lo, &hi);
         const float *tq = fasa_tip_queries(m, s, l, &ldq);
         const int threads = ops_threads() < s->n_threads ? ops_threads() : s->n_threads;
-        const int keep = p->o.budget - lo - (t1 - hi);
+        const int keep = budget - lo - (t1 - hi);
         fasa_decode(m, s, l, lo, hi, tip_picks(p, keep, hi - lo), keep, tq, ldq, threads);
         return 0;
     }

@@ -40,6 +40,8 @@ typedef struct policy_opts {
     int fcs;                 /* F: dominant chunks (fasa, random) */
     int n_dense_layers;      /* layers 0..n-1 always attend densely */
     uint64_t dense_mask;     /* and so does layer l < 64 whose bit l is set */
+    int dense_budget;        /* those layers attend, chosen as the others' are, to this many
+                              * tokens (> 0) or -dense_budget times the budget (< 0); 0: all */
     int n_sink, n_recent;    /* tokens always kept, within the budget: the first n_sink and the
                               * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
                               * calibration text, README); stream: 4, then all recent */
@@ -126,10 +128,19 @@ int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 int policy_auto_count(const float *S, int t, int lo, int hi, const int32_t *cand, int n_cand, float scale, float P,
                       float *e, float *bar);
 
-/* Layer l attends densely whatever the budget. */
+/* Layer l is one of the dense layers (which attend to dense_budget tokens when that is set). */
 static inline int policy_layer_dense(const policy_opts *o, int l)
 {
     return l < o->n_dense_layers || (l < 64 && (o->dense_mask >> l & 1));
+}
+
+/* The tokens layer l attends to per query: the budget, or a dense layer's (dense_budget), which
+ * is every token (INT_MAX) when that is 0. */
+static inline int policy_layer_budget(const policy_opts *o, int l)
+{
+    if (!policy_layer_dense(o, l)) return o->budget;
+    const int64_t n = o->dense_budget > 0 ? o->dense_budget : -(int64_t)o->dense_budget * o->budget;
+    return n > 0 && n < 0x7fffffff ? (int)n : 0x7fffffff;
 }
 
 /* Layer numbers 0..63 separated by sep ("20,14" or "20.14") as bits of *mask (ORed in);

@@ -368,7 +368,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     const policy_opts *o = &p->o;
     const model_config *c = &p->m->cfg;
     const int t = pos + 1, d = c->d_head, group = c->n_head / c->n_kv_head, g = head / group;
-    if (o->kind == POLICY_FULL || budget >= t || policy_layer_dense(o, layer) || model_layer_local(c, layer)) return -1;
+    if (o->kind == POLICY_FULL || budget >= t || model_layer_local(c, layer)) return -1;
     const kvcache *kv = &s->kv;
     const float *q = q_tok + (size_t)head * d;
     float *S = sc->tip && o->kind == POLICY_FASA ? sc->tip : sc->score;
