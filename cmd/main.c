@@ -122,12 +122,16 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
 
 int parse_dense_budget(const char *s, long *out)
 {
-    const size_t n = strlen(s);
-    char num[32];
-    if (n < 2 || n >= sizeof num || s[n - 1] != 'x') return parse_int("--dense-budget", s, 0, 1 << 24, out);
-    memcpy(num, s, n - 1), num[n - 1] = 0;
-    if (parse_int("--dense-budget", num, 1, 1024, out)) return -1;
-    *out = -*out;
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    const int times = *end == 'x' && !end[1];
+    if (errno || end == s || (*end && !times) || v < !!times || v > (times ? 1024 : 1 << 24)) {
+        die("option '--dense-budget' needs N tokens (0 to %d) or Kx, K times the budget (1x to 1024x), not '%s'",
+            1 << 24, s);
+        return -1;
+    }
+    *out = times ? -v : v;
     return 0;
 }
 

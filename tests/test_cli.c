@@ -72,6 +72,8 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("frobnicate", "'frobnicate' is not a fasa command");
     expect_one_line_error("run /nonexistent/m.gguf hi", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("run -m /nonexistent/m.gguf -n abc hi", "option '--n-predict' needs an integer");
+    expect_one_line_error("run -m /nonexistent/m.gguf --dense-budget 0x hi", "option '--dense-budget' needs N tokens");
+    expect_one_line_error("bench /nonexistent/m.gguf --task speed --dense-budget 4y", "not '4y'");
     expect_one_line_error("inspect /nonexistent/dir", "cannot open '/nonexistent/dir'");
     expect_one_line_error("bench /nonexistent/m.gguf --task ca", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");
@@ -98,6 +100,7 @@ Test(cli, exit_status_rule)
         { "bench /nonexistent/m.gguf --task ca --k 256,64", 2 },
         { "run -m /nonexistent/m.gguf --device gpu hi", 2 },
         { "run -m /nonexistent/m.gguf --kv-type f8 hi", 2 },
+        { "run -m /nonexistent/m.gguf --dense-budget 2000x hi", 2 },
         { "run -m /nonexistent/m.gguf --dense 3,x hi", 2 },
         { "run -m /nonexistent/m.gguf --device cuda --kv-type f16 hi", 2 },
         { "bench /nonexistent/m.gguf --task ppl --kv-type bf16", 2 },
