@@ -191,7 +191,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
  * caller), or -1 after saying why. */
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
-static long dense_budget = 1L << 30; /* --dense-budget (speed; 1 << 30: not given) */
+static int dense_budget = SESSION_DENSE_BUDGET; /* --dense-budget (speed) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
 static int bench_ids(const model *m, char **paths, int n_paths, char **text, int32_t **ids)
@@ -225,7 +225,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.kv_f16 = kv_f16;
     cfg.tip = tip;
     cfg.rerank = (int)rerank;
-    if (dense_budget != 1L << 30) cfg.dense_budget = (int)dense_budget, cfg.set_dense_budget = 1;
+    cfg.dense_budget = dense_budget;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int budget[BENCH_MAX];

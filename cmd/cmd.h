@@ -35,7 +35,7 @@ int parse_int(const char *flag, const char *s, long lo, long hi, long *out);
 int parse_float(const char *flag, const char *s, double lo, double hi, double *out);
 /* --dense-budget: N tokens (*out = N) or Kx, K times the budget (*out = -K); 0 is every token.
  * -1, as above, on anything else. */
-int parse_dense_budget(const char *s, long *out);
+int parse_dense_budget(const char *s, int *out);
 /* --kv-type: "f16" sets *f16 to 1, "f32" to 0; anything else: -1, as above. */
 int parse_kv_type(const char *s, int *f16);
 static inline const char *kv_type_name(int f16) { return f16 ? "f16" : "f32"; }

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "attention.h"
 #include "cmd.h"
 
 static const struct command {
@@ -120,19 +121,12 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
     return 0;
 }
 
-int parse_dense_budget(const char *s, long *out)
+int parse_dense_budget(const char *s, int *out)
 {
-    char *end;
-    errno = 0;
-    const long v = strtol(s, &end, 10);
-    const int times = *end == 'x' && !end[1];
-    if (errno || end == s || (*end && !times) || v < !!times || v > (times ? 1024 : 1 << 24)) {
-        die("option '--dense-budget' needs N tokens (0 to %d) or Kx, K times the budget (1x to 1024x), not '%s'",
-            1 << 24, s);
-        return -1;
-    }
-    *out = times ? -v : v;
-    return 0;
+    if (policy_parse_dense_budget(s, out) == 0) return 0;
+    die("option '--dense-budget' needs N tokens (0 to %d) or Kx, K times the budget (1x to 1024x), not '%s'", 1 << 24,
+        s);
+    return -1;
 }
 
 int parse_kv_type(const char *s, int *f16)

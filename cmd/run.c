@@ -200,8 +200,7 @@ int cmd_run(int argc, char **argv)
             so.n_dense_layers = (int)v;
             break;
         case OPT_DENSE_BUDGET:
-            if (parse_dense_budget(optarg, &v)) return EXIT_USAGE;
-            so.dense_budget = (int)v;
+            if (parse_dense_budget(optarg, &so.dense_budget)) return EXIT_USAGE;
             break;
         case OPT_GROUP: so.group = 1; break;
         case OPT_SINKS: if (parse_int("--sinks", optarg, 0, 1 << 24, &v)) return EXIT_USAGE; so.n_sink = (int)v; break;

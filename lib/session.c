@@ -242,8 +242,7 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         snprintf(budget, sizeof budget, "%d", po->budget);
     char wide[48] = "";   /* what the dense layers attend to, when not every token */
     if (po->dense_budget && (po->n_dense_layers || o->dense_mask))
-        snprintf(wide, sizeof wide, " attending to %ld tokens",
-                 po->dense_budget > 0 ? (long)po->dense_budget : -(long)po->dense_budget * po->budget);
+        snprintf(wide, sizeof wide, " attending to %d tokens", policy_dense_budget(po));
     snprintf(ss->note, sizeof ss->note,
              "%s (profile '%s', budget %s with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s%s; %s)",
              fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,

@@ -483,6 +483,28 @@ static run_state *prefilled(env *e, const kv_opts *ko, policy *pol)
  * (uneven shares, cut at cache lines) before the heads merge their picks. */
 static void noop_query(void *ctx, const model *m, const run_state *s, int l, int h, int pos, const float *q) {}
 
+/* Logits of decode steps 200..239 under pol after prefilled(), on the fused decode step or, with
+ * an observer on, the per-query path; *sel: the tokens per query it selected. */
+static float *decode_40(env *e, policy *pol, int per_query, double *sel)
+{
+    static const attn_obs watch = { .on_query = noop_query };
+    char err[FASA_ERRLEN];
+    const size_t V = e->m->cfg.n_vocab;
+    kv_opts ko = { .f16 = 1 };
+    policy_kv_opts(pol, &ko);
+    run_state *s = prefilled(e, &ko, pol);
+    s->obs = per_query ? &watch : NULL;
+    float *out = malloc(sizeof(float) * 40 * V);
+    policy_selected(pol, NULL);
+    for (int i = 200; i < 240; i++) {
+        cr_assert_eq(model_forward(e->m, s, e->ids + i, 1, 0, err), 0, "%s", err);
+        memcpy(out + (i - 200) * V, s->logits, sizeof(float) * V);
+    }
+    *sel = policy_selected(pol, NULL);
+    run_state_free(s);
+    return out;
+}
+
 Test(attention, forced_rows_once_per_group, .timeout = 60)
 {
     env e;
@@ -706,7 +728,6 @@ Test(attention, auto_budget_routes_agree, .timeout = 60)
     env_open(&e, 49);
     char err[FASA_ERRLEN];
     const size_t V = e.m->cfg.n_vocab;
-    const attn_obs watch = { .on_query = noop_query };
     ops_threads_adaptive(0);
     double mean[2] = { 0 };
     for (int mass = 0; mass < 2; mass++) {
@@ -719,20 +740,7 @@ Test(attention, auto_budget_routes_agree, .timeout = 60)
             omp_set_num_threads(nt);
             float *out[2];
             double sel[2];
-            for (int k = 0; k < 2; k++) {
-                kv_opts ko = { .f16 = 1 };
-                policy_kv_opts(&pol, &ko);
-                run_state *s = prefilled(&e, &ko, &pol);
-                s->obs = k ? &watch : NULL;
-                out[k] = malloc(sizeof(float) * 40 * V);
-                policy_selected(&pol, NULL);
-                for (int i = 200; i < 240; i++) {
-                    cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
-                    memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
-                }
-                sel[k] = policy_selected(&pol, NULL);
-                run_state_free(s);
-            }
+            for (int k = 0; k < 2; k++) out[k] = decode_40(&e, &pol, k, &sel[k]);
             cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "P %g, %d threads: fused and per-query differ (%g)",
                           o.auto_mass, nt, max_rel(out[0], out[1], 40 * V));
             cr_expect_float_eq(sel[0], sel[1], 1e-9, "P %g, %d threads: %g vs %g tokens per query", o.auto_mass, nt,
@@ -758,7 +766,6 @@ Test(attention, dense_layer_budget, .timeout = 60)
     char err[FASA_ERRLEN];
     const size_t V = e.m->cfg.n_vocab;
     const int L = e.m->cfg.n_layer, B = 40, D = 96;
-    const attn_obs watch = { .on_query = noop_query };
     ops_threads_adaptive(0);
     omp_set_num_threads(2);
     float *ref = NULL;
@@ -769,20 +776,7 @@ Test(attention, dense_layer_budget, .timeout = 60)
         cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
         float *out[2];
         double sel[2];
-        for (int k = 0; k < 2; k++) {
-            kv_opts ko = { .f16 = 1 };
-            policy_kv_opts(&pol, &ko);
-            run_state *s = prefilled(&e, &ko, &pol);
-            s->obs = k ? &watch : NULL;
-            out[k] = malloc(sizeof(float) * 40 * V);
-            policy_selected(&pol, NULL);
-            for (int i = 200; i < 240; i++) {
-                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
-                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
-            }
-            sel[k] = policy_selected(&pol, NULL);
-            run_state_free(s);
-        }
+        for (int k = 0; k < 2; k++) out[k] = decode_40(&e, &pol, k, &sel[k]);
         cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "dense budget %d: fused and per-query differ (%g)",
                       o.dense_budget, max_rel(out[0], out[1], 40 * V));
         const double want = db ? (double)(D + B * (L - 1)) / L : B;

@@ -67,12 +67,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-block")) block = 1;
         else if (!strcmp(dash, "-nodense")) dense = 0;
         else if (dash[1] == 'd' && dash[2] >= '0' && dash[2] <= '9') {   /* -dN, -dKx: the dense layers' budget */
-            char *end;
-            const long v = strtol(dash + 2, &end, 10);
-            const int times = *end == 'x' && !end[1] && v >= 1 && v <= 1024;
-            if ((*end && !times) || v > 1 << 24)
+            if (policy_parse_dense_budget(dash + 2, &dense_budget) < 0)
                 return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
-            dense_budget = times ? (int)-v : (int)v;
         }
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */

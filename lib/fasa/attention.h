@@ -134,18 +134,26 @@ static inline int policy_layer_dense(const policy_opts *o, int l)
     return l < o->n_dense_layers || (l < 64 && (o->dense_mask >> l & 1));
 }
 
-/* The tokens layer l attends to per query: the budget, or a dense layer's (dense_budget), which
- * is every token (INT_MAX) when that is 0. */
-static inline int policy_layer_budget(const policy_opts *o, int l)
+/* The tokens a dense layer attends to per query (dense_budget): every token (INT_MAX) when
+ * that is 0. */
+static inline int policy_dense_budget(const policy_opts *o)
 {
-    if (!policy_layer_dense(o, l)) return o->budget;
     const int64_t n = o->dense_budget > 0 ? o->dense_budget : -(int64_t)o->dense_budget * o->budget;
     return n > 0 && n < 0x7fffffff ? (int)n : 0x7fffffff;
+}
+
+/* The tokens layer l attends to per query: the budget, or a dense layer's. */
+static inline int policy_layer_budget(const policy_opts *o, int l)
+{
+    return policy_layer_dense(o, l) ? policy_dense_budget(o) : o->budget;
 }
 
 /* Layer numbers 0..63 separated by sep ("20,14" or "20.14") as bits of *mask (ORed in);
  * -1 on anything else. */
 int policy_parse_layers(const char *s, char sep, uint64_t *mask);
+/* A dense layers' budget (policy_opts.dense_budget): "N" tokens, 0 to 2^24 (*out = N), or "Kx",
+ * K times the budget, 1 to 1024 (*out = -K); -1 on anything else. */
+int policy_parse_dense_budget(const char *s, int *out);
 
 const char *policy_name(enum policy_kind k);
 int  policy_parse(const char *name, enum policy_kind *out);

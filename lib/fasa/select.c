@@ -1,6 +1,7 @@
 /* select.c - token selection policies (FASA and the baselines) and their running statistics. */
 #include "attn_impl.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -36,6 +37,17 @@ int policy_parse_layers(const char *s, char sep, uint64_t *mask)
         p = *end ? end + 1 : end;
     }
     *mask |= m;
+    return 0;
+}
+
+int policy_parse_dense_budget(const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    const int times = *end == 'x' && !end[1];
+    if (errno || end == s || (*end && !times) || v < times || v > (times ? 1024 : 1 << 24)) return -1;
+    *out = times ? (int)-v : (int)v;
     return 0;
 }
 
