@@ -163,6 +163,7 @@ int model_forward(const model *m, run_state *s, const int32_t *tokens, int n, in
 
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
+        if (n == 1) kvcache_prefetch_put(&s->kv, l, s->n_past);
         /* attention: q, k, v in one parallel region; q lands in att_out until RoPE moves it */
         for (int i = 0; i < n; i++)
             ops_rmsnorm(s->xb + (size_t)i * D, s->x + (size_t)i * D, L->attn_norm.data, D, c->norm_eps);

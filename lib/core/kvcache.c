@@ -412,6 +412,26 @@ void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part 
     }
 }
 
+void kvcache_prefetch_put(const kvcache *kv, int layer, int i)
+{
+    for (int h = 0; h < kv->n_kv_head; h++) {
+        for (enum kv_part p = KV_KEYS; p <= KV_VALUES; p++) {
+            if (p == KV_REST && !kv->n_split) continue;
+            const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
+            const char *r = (const char *)kvcache_rows(kv, p, layer, h) + (size_t)i * rb;
+            for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(r + o, 1, 3);
+            __builtin_prefetch(r + rb - 1, 1, 3);
+        }
+        if (!kv->tip_width) continue;
+        /* the key's nibbles lie 4 bytes in each of its tile's w / 8 lines, beside its scale */
+        const size_t lh = (size_t)layer * kv->n_kv_head + h;
+        const int w = kv->tip_w[lh];
+        const uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
+        for (int j = 0; j < w / 8; j++) __builtin_prefetch(tile + (size_t)j * 64, 1, 3);
+        __builtin_prefetch(kv->tscale + lh * kv->n_tiles * 16 + i, 1, 3);
+    }
+}
+
 void kvcache_copy_row(kvcache *kv, int from, int to)
 {
     for (int l = 0; l < kv->n_layer; l++)

@@ -189,6 +189,10 @@ void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx
 /* The same for parts first..last (a part the cache does not have is skipped). */
 void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part last, int layer, int head,
                             const int32_t *idx, int n);
+/* Starts loading, for writing, the lines that layer's keys, values and TIP copy of position i
+ * occupy in every KV head (decode calls it before the layer's projections, so that the writes
+ * after them do not wait for memory). A hint: no effect on results. */
+void kvcache_prefetch_put(const kvcache *kv, int layer, int i);
 /* Stores key row `key` / value row `val` (d_head floats) at position i. */
 void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key);
 void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val);
