@@ -954,7 +954,9 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
 {
     const int ng = tw / 8;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64)
+    const int ahead = TIP_AHEAD / (ng * 64) > 2 ? TIP_AHEAD / (ng * 64) : 2;   /* tiles */
+    for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
+        if (t + ahead < n_tiles) prefetch_bytes(tiles + ahead * (size_t)ng * 64, (size_t)ng * 64);
         for (int half = 0; half < 2; half++) {
             __m256i acc[8];
 #pragma GCC unroll 8
@@ -981,6 +983,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
                                                  _mm256_set1_ps(bias[(size_t)h * ldb + t])));
             }
         }
+    }
 }
 #endif
 
