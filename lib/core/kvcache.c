@@ -261,11 +261,18 @@ static inline float *tip_off(const kvcache *kv, size_t lh, int span)
     return kv->toff + (lh * kv->n_spans + span) * kv->tip_width;
 }
 
+/* Key i's first 4 bytes in its tile of (layer, KV head) lh: the rest lie 64 bytes apart, one in
+ * each of the tile's tip_w / 8 lines. */
+static uint8_t *tip_slot(const kvcache *kv, size_t lh, int i)
+{
+    return kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (kv->tip_w[lh] / 8) * 64 + 4 * (i % 16);
+}
+
 /* Row i of (layer, head)'s copy as integers (v, -7..7; its w dims) and its scale. */
 static float tip_get(const kvcache *kv, size_t lh, int i, int8_t *v)
 {
     const int w = kv->tip_w[lh];
-    const uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
+    const uint8_t *tile = tip_slot(kv, lh, i);
     for (int j = 0; j < w / 8; j++)
         for (int b = 0; b < 4; b++) {
             const uint8_t x = tile[(size_t)j * 64 + b];
@@ -301,7 +308,7 @@ static void tip_put(kvcache *kv, int layer, int head, int i, const float *key)
     if (span + 1 < kv->n_spans) set[span + 1] = 0;   /* this span changes: the next one's offsets are due */
     const float scale = kvcache_tip_key(key, kv->tip_map + lh * tw, tw, tip_off(kv, lh, span), v);
     ops_f32_to_f16(kv->tscale + lh * kv->n_tiles * 16 + i, &scale, 1);
-    uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
+    uint8_t *tile = tip_slot(kv, lh, i);
     for (int j = 0; j < w / 8; j++)
         for (int b = 0; b < 4; b++)
             tile[(size_t)j * 64 + b] = (uint8_t)((v[8 * j + b] + 8) | (v[8 * j + 4 + b] + 8) << 4);
@@ -392,6 +399,13 @@ void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val
     row_put(kv, KV_VALUES, layer, head, i, val, kv->d_head);
 }
 
+/* Every line of the rb bytes at r, for reading (into L2) or writing (into L1). */
+static inline void prefetch_row(const char *r, size_t rb, int write)
+{
+    for (size_t o = 0; o < rb; o += 64) write ? __builtin_prefetch(r + o, 1, 3) : __builtin_prefetch(r + o, 0, 1);
+    write ? __builtin_prefetch(r + rb - 1, 1, 3) : __builtin_prefetch(r + rb - 1, 0, 1);
+}
+
 void kvcache_prefetch(const kvcache *kv, int layer, int head, const int32_t *idx, int n)
 {
     kvcache_prefetch_parts(kv, KV_KEYS, KV_VALUES, layer, head, idx, n);
@@ -404,11 +418,7 @@ void kvcache_prefetch_parts(const kvcache *kv, enum kv_part first, enum kv_part 
         if (p == KV_REST && !kv->n_split) continue;
         const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
         const char *base = kvcache_rows(kv, p, layer, head);
-        for (int j = 0; j < n; j++) {
-            const char *r = base + (size_t)idx[j] * rb;
-            for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(r + o, 0, 1);
-            __builtin_prefetch(r + rb - 1, 0, 1);
-        }
+        for (int j = 0; j < n; j++) prefetch_row(base + (size_t)idx[j] * rb, rb, 0);
     }
 }
 
@@ -418,16 +428,12 @@ void kvcache_prefetch_put(const kvcache *kv, int layer, int i)
         for (enum kv_part p = KV_KEYS; p <= KV_VALUES; p++) {
             if (p == KV_REST && !kv->n_split) continue;
             const size_t rb = (size_t)kvcache_width(kv, p) * kvcache_esz(kv);
-            const char *r = (const char *)kvcache_rows(kv, p, layer, h) + (size_t)i * rb;
-            for (size_t o = 0; o < rb; o += 64) __builtin_prefetch(r + o, 1, 3);
-            __builtin_prefetch(r + rb - 1, 1, 3);
+            prefetch_row((const char *)kvcache_rows(kv, p, layer, h) + (size_t)i * rb, rb, 1);
         }
         if (!kv->tip_width) continue;
-        /* the key's nibbles lie 4 bytes in each of its tile's w / 8 lines, beside its scale */
         const size_t lh = (size_t)layer * kv->n_kv_head + h;
-        const int w = kv->tip_w[lh];
-        const uint8_t *tile = kv->tq + kv->tip_at[lh] + (size_t)i / 16 * (w / 8) * 64 + 4 * (i % 16);
-        for (int j = 0; j < w / 8; j++) __builtin_prefetch(tile + (size_t)j * 64, 1, 3);
+        const uint8_t *tile = tip_slot(kv, lh, i);
+        for (int j = 0; j < kv->tip_w[lh] / 8; j++) __builtin_prefetch(tile + (size_t)j * 64, 1, 3);
         __builtin_prefetch(kv->tscale + lh * kv->n_tiles * 16 + i, 1, 3);
     }
 }

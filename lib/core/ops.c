@@ -899,6 +899,7 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
 #ifndef TIP_AHEAD
 #define TIP_AHEAD 6144
 #endif
+static inline int tip_ahead(int ng) { return TIP_AHEAD / (ng * 64) > 2 ? TIP_AHEAD / (ng * 64) : 2; }   /* tiles */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 /* A tile's 16 rows are the 16 lanes of one register: each vpdpbusd adds, per row, a 4-dim slice
@@ -916,7 +917,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
     __m512 qs[8];
 #pragma GCC unroll 8
     for (int h = 0; h < NQ; h++) off[h] = _mm512_set1_epi32(8 * qsum[h]), qs[h] = _mm512_set1_ps(qscale[h]);
-    const int ahead = TIP_AHEAD / (ng * 64) > 2 ? TIP_AHEAD / (ng * 64) : 2;   /* tiles */
+    const int ahead = tip_ahead(ng);
     for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
         __m512i acc[8];
 #pragma GCC unroll 8
@@ -954,7 +955,7 @@ tip_q4_nq(float *S, int ldo, const int8_t *qi, int ldq, const int32_t *qsum, con
 {
     const int ng = tw / 8;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const int ahead = TIP_AHEAD / (ng * 64) > 2 ? TIP_AHEAD / (ng * 64) : 2;   /* tiles */
+    const int ahead = tip_ahead(ng);
     for (int t = 0; t < n_tiles; t++, tiles += (size_t)ng * 64) {
         if (t + ahead < n_tiles) prefetch_bytes(tiles + ahead * (size_t)ng * 64, (size_t)ng * 64);
         for (int half = 0; half < 2; half++) {
