@@ -21,7 +21,7 @@ static const char usage_text[] =
     "      --prefill N       dense prefix; the rest are decode steps (default: tokens - 256)\n"
     "      --k LIST          K values, comma-separated (default 64,128,256,512,1024,2048)\n"
     "      --rank-k K        K that orders the chunks (default 256)\n"
-    "      --fcs F           dominant chunks per head recorded as the default (default d_head/8)\n"
+    "      --fcs F           dominant chunks per head recorded as the default (default 3 d_head/16)\n"
     "      --chunks DEF      plane (RoPE rotation planes, default) or adjacent (dims 2j, 2j+1 of\n"
     "                        the Hugging Face layout, as the paper's released code)\n"
     "  -t, --threads N       threads (default: all cores)\n"
