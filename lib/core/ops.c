@@ -893,12 +893,7 @@ void ops_tip_q4_ref(float *S, int ldo, const int8_t *qi, int ldq, const int32_t 
             }
 }
 
-/* Bytes TIP prefetches ahead of the tile it scores: from memory, on one thread, 6 KB ahead
- * streamed the copy 1.6x faster than two tiles ahead (tests/tools/bench_tip: 40 dims, 31.6 cycles
- * a tile against 50.5; 3 KB and 12 KB both slower). */
-#ifndef TIP_AHEAD
-#define TIP_AHEAD 6144
-#endif
+/* Tiles TIP prefetches ahead of the one it scores: TIP_AHEAD bytes (simd.h), at least two. */
 static inline int tip_ahead(int ng) { return TIP_AHEAD / (ng * 64) > 2 ? TIP_AHEAD / (ng * 64) : 2; }   /* tiles */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
