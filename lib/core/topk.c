@@ -87,11 +87,35 @@ static int count_ge(const int32_t *v, int n, int32_t t)
     return c;
 }
 
+/* The largest of v[0..n) at or below t (INT32_MIN when there is none). */
+static int32_t max_at_most(const int32_t *v, int n, int32_t t)
+{
+    int32_t mx = INT32_MIN;
+    int i = 0;
+#ifdef __AVX2__
+    const __m256i vt = _mm256_set1_epi32(t);
+    __m256i vm = _mm256_set1_epi32(INT32_MIN);
+    for (; i + 8 <= n; i += 8) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(v + i));
+        vm = _mm256_max_epi32(vm, _mm256_andnot_si256(_mm256_cmpgt_epi32(x, vt), x) |
+                                      _mm256_and_si256(_mm256_cmpgt_epi32(x, vt), _mm256_set1_epi32(INT32_MIN)));
+    }
+    int32_t a[8];
+    _mm256_storeu_si256((__m256i *)a, vm);
+    for (int j = 0; j < 8; j++) mx = a[j] > mx ? a[j] : mx;
+#endif
+    for (; i < n; i++) mx = v[i] <= t && v[i] > mx ? v[i] : mx;
+    return mx;
+}
+
 /* A cut t with exactly k of v[0..n) at or above it when there is one, else the k-th largest
  * (then values equal to it straddle the k-th place); *c: how many are >= t. A bisection on the
  * value, each step one vector count and no data-dependent branch (a quickselect over a few hundred
  * keys mispredicts about every other compare); it stops at the first t that cuts at k, about
- * log2(n) steps for spread values instead of up to 32. 1 <= k <= n. */
+ * log2(n) steps for spread values instead of up to 32. A value repeated at the k-th place (as a
+ * tiled cache gives) leaves no such t: there, once a step splits off nothing and few values are
+ * left between the bounds, the largest of them is tried as the answer, which it is when it alone
+ * reaches k (it had kept bisecting to the last of 32 steps). 1 <= k <= n. */
 static int32_t key_cut(const int32_t *v, int n, int k, int *c)
 {
     int32_t mn = v[0], mx = v[0];
@@ -107,13 +131,22 @@ static int32_t key_cut(const int32_t *v, int n, int k, int *c)
     for (int j = 0; j < 8; j++) mn = a[j] < mn ? a[j] : mn, mx = b[j] > mx ? b[j] : mx;
 #endif
     for (; i < n; i++) mn = v[i] < mn ? v[i] : mn, mx = v[i] > mx ? v[i] : mx;
-    int64_t lo = mn, hi = mx;   /* count_ge(lo) = c_lo >= k throughout */
-    int c_lo = n;
+    int64_t lo = mn, hi = mx;   /* count_ge(lo) = c_lo >= k > count_ge(hi + 1) = c_hi throughout */
+    int c_lo = n, c_hi = 0;
     while (lo < hi && c_lo != k) {
         const int64_t mid = lo + (hi - lo + 1) / 2;
-        const int cm = count_ge(v, n, (int32_t)mid);
+        const int cm = count_ge(v, n, (int32_t)mid), same = cm == c_lo || cm == c_hi;
         if (cm >= k) lo = mid, c_lo = cm;
-        else hi = mid - 1;
+        else hi = mid - 1, c_hi = cm;
+        if (same && lo < hi && c_lo - c_hi <= 16) {
+            const int32_t x = max_at_most(v, n, (int32_t)hi);   /* in [lo, hi]: c_lo > c_hi */
+            const int cx = count_ge(v, n, x);
+            if (cx >= k) {
+                lo = x, c_lo = cx;
+                break;
+            }
+            hi = x - 1, c_hi = cx;
+        }
     }
     *c = c_lo;
     return (int32_t)lo;
@@ -268,15 +301,18 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
      * as topk_pack orders them) */
     int ties = c == k || t == INT32_MAX ? k : k - count_ge(key, m, t + 1), out = 0;
     j = 0;
-#ifdef __AVX512F__
-    if (c == k) {   /* t cuts at k: exactly those >= t */
+#if defined(__AVX512F__) && defined(__BMI2__)
+    {   /* those above t and, of those equal to it, the first `ties` (pdep keeps the lowest set bits) */
         const __m512i wk = _mm512_set1_epi32(t);
         for (; j + 16 <= m; j += 16) {
-            const __mmask16 in = _mm512_cmpge_epi32_mask(_mm512_loadu_si512(key + j), wk);
+            const __m512i x = _mm512_loadu_si512(key + j);
+            const unsigned eq = _mm512_cmpeq_epi32_mask(x, wk);
+            const unsigned take_eq = _pdep_u32(ties >= 16 ? 0xFFFFu : (1u << ties) - 1, eq);
+            const __mmask16 in = (__mmask16)(_mm512_cmpgt_epi32_mask(x, wk) | take_eq);
             const int cnt = __builtin_popcount(in);
             _mm512_mask_storeu_epi32(idx + out, (__mmask16)((1u << cnt) - 1),
                                      _mm512_maskz_compress_epi32(in, _mm512_loadu_si512(cand + j)));
-            out += cnt;
+            out += cnt, ties -= __builtin_popcount(take_eq);
         }
     }
 #endif
@@ -291,7 +327,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
 {
     if (k > n) k = n;
-    if (n >= 1024 && n < 1 << 23 && k <= n / 8) {   /* (it gives up early when its sample cannot resolve k) */
+    if (n >= 1024 && n < 1 << 23 && k <= n / 6) {   /* (it gives up early when its sample cannot resolve k) */
         int m = topk_sampled(score, n, k, idx, scratch);
         if (m >= 0) return m;
     }

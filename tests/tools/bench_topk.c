@@ -5,7 +5,8 @@
  *
  *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Ilib/core tests/tools/bench_topk.c \
  *       build/libfasa.a -lm -o bin/bench_topk
- *   bin/bench_topk [K]        (default 124: budget 256 less 4 sinks and 128 recent tokens)
+ *   bin/bench_topk [K] [pairs] (K: default 124, budget 256 less 4 sinks and 128 recent tokens;
+ *                               pairs: every score twice, as the speed bench's tiled cache gives)
  *
  * Scores are normal with a spread of 3, like TIP's, rising by 2 over the row towards the recent
  * end (each size its own rows, from the same seed); each call
@@ -27,7 +28,7 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-    const int k = argc > 1 ? atoi(argv[1]) : 124, sizes[] = { 32636, 16318, 8060, 4030, 2015 };
+    const int k = argc > 1 ? atoi(argv[1]) : 124, pairs = argc > 2, sizes[] = { 32636, 16318, 8060, 4030, 2015 };
     if (k < 1 || k > 2015) {
         fprintf(stderr, "bench_topk: K must be 1..2015, not '%s'\n", argv[1]);
         return 2;
@@ -44,6 +45,9 @@ int main(int argc, char **argv)
             const float u = (rand() + 1.0f) / ((float)RAND_MAX + 2), v = (rand() + 1.0f) / ((float)RAND_MAX + 2);
             s[i] = 3 * sqrtf(-2 * logf(u)) * cosf(6.2831853f * v) + 2.0f * (i % n) / n;
         }
+        if (pairs)   /* row r's scores i and i + n / 2 equal */
+            for (int i = 0; i < n * ROWS; i++)
+                if (i % n >= n / 2 && i % n - n / 2 < n / 2) s[i] = s[i - n / 2];
         double best = 1e9;
         long sink = 0;
         for (int r = 0; r < 20; r++) {
@@ -52,7 +56,8 @@ int main(int argc, char **argv)
             const double t = (now() - t0) / 1000;
             best = t < best ? t : best;
         }
-        printf("bench_topk: %d of %d scores: %.2f us (%ld selected)\n", k, n, best * 1e6, sink / 20000);
+        printf("bench_topk: %d of %d scores%s: %.2f us (%ld selected)\n", k, n, pairs ? " (pairs)" : "", best * 1e6,
+               sink / 20000);
     }
     free(s); free(idx); free(scratch);
     return 0;
