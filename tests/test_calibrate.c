@@ -363,7 +363,9 @@ static void expect_top_k(const float *s, int n, int k, const int32_t *idx, int m
 Test(calibrate, topk_indices_match_full_sort)
 {
     uint64_t r = 77;
-    for (int n = 1024; n <= 20000; n = n * 3 + 1) {
+    const int sizes[] = { 2, 17, 248, 1000, 1024, 3073, 9220 };   /* short rows: a rerank's candidates */
+    for (int si = 0; si < 7; si++) {
+        const int n = sizes[si];
         float *s = malloc(sizeof(float) * n);
         int32_t *idx = malloc(sizeof(int32_t) * n);
         uint64_t *scratch = malloc(sizeof(uint64_t) * n), *all = malloc(sizeof(uint64_t) * n);
@@ -380,9 +382,10 @@ Test(calibrate, topk_indices_match_full_sort)
                 for (int i = 0; i < n; i++) s[i] = i % 97 == 0 ? (float)(i % 7) : sampler_rand(&r) < 0.5 ? -0.0f : 0.0f;
             if (kind == 7)
                 for (int i = 0; i < n; i++) s[i] = ldexpf((float)(int)(sampler_rand(&r) * 5), -149);
-            if (kind == 8) s[1] = 1e30f, s[9] = NAN;
+            if (kind == 8 && n > 9) s[1] = 1e30f, s[9] = NAN;
             const int ks[] = { 1, 64, 256, n / 2, n - 1, n };
             for (int j = 0; j < 6; j++) {
+                if (ks[j] < 1 || ks[j] > n) continue;
                 const int k = ks[j], m = topk_indices(s, n, k, idx, scratch);
                 char what[64];
                 snprintf(what, sizeof what, "n=%d kind=%d k=%d", n, kind, k);

@@ -241,6 +241,45 @@ static int not_below_all(const float *score, int n, float t, int32_t *cand)
     return m;
 }
 
+/* The k best of the m scores score[cand[j]] (cand ascending), as their indices into idx, ascending;
+ * key: room for m int32. -1 on NaN. 1 <= k <= m. */
+static int top_among(const float *score, const int32_t *cand, int m, int k, int32_t *idx, int32_t *key)
+{
+    int nan = 0, c, j;
+    for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
+        const float x = score[cand[j]];
+        nan |= x != x;
+        key[j] = fkey(x);
+    }
+    if (nan) return -1;
+    const int32_t t = key_cut(key, m, k, &c);
+    /* keep those above t and, of those equal to it, the first ones (ties go to the lower index,
+     * as topk_pack orders them) */
+    int ties = c == k || t == INT32_MAX ? k : k - count_ge(key, m, t + 1), out = 0;
+    j = 0;
+#if defined(__AVX512F__) && defined(__BMI2__)
+    {   /* those above t and, of those equal to it, the first `ties` (pdep keeps the lowest set bits) */
+        const __m512i wk = _mm512_set1_epi32(t);
+        for (; j + 16 <= m; j += 16) {
+            const __m512i x = _mm512_loadu_si512(key + j);
+            const unsigned eq = _mm512_cmpeq_epi32_mask(x, wk);
+            const unsigned take_eq = _pdep_u32(ties >= 16 ? 0xFFFFu : (1u << ties) - 1, eq);
+            const __mmask16 in = (__mmask16)(_mm512_cmpgt_epi32_mask(x, wk) | take_eq);
+            const int cnt = __builtin_popcount(in);
+            _mm512_mask_storeu_epi32(idx + out, (__mmask16)((1u << cnt) - 1),
+                                     _mm512_maskz_compress_epi32(in, _mm512_loadu_si512(cand + j)));
+            out += cnt, ties -= __builtin_popcount(take_eq);
+        }
+    }
+#endif
+    for (; j < m && out < k; j++) {   /* exactly k are taken: none after the k-th (idx holds k) */
+        const int eq = key[j] == t, take = key[j] > t || (eq && ties > 0);
+        ties -= eq & take;
+        idx[out] = cand[j], out += take;
+    }
+    return out;
+}
+
 /* Sampled threshold, for k well below n (FASA's budget over a long cache): the scores at 256
  * spread positions give a value that about 1.5 k + 64 scores should reach; one vector pass
  * keeps every score >= it (a superset of the top k when there are at least k of them, since every
@@ -290,38 +329,7 @@ static int topk_sampled(const float *score, int n, int k, int32_t *idx, uint64_t
     while (m < k && 4 * r < TSAMPLE / 4)
         r *= 4, m = not_below_all(score, n, fkey_value(key_cut(smp, TSAMPLE, r, &c)), cand);
     if (m < k || m > n / 4) return -1;
-    for (j = 0; j < m; j++) {   /* the candidates' keys (fkey) */
-        const float x = score[cand[j]];
-        nan |= x != x;
-        key[j] = fkey(x);
-    }
-    if (nan) return -1;
-    const int32_t t = key_cut(key, m, k, &c);
-    /* keep those above t and, of those equal to it, the first ones (ties go to the lower index,
-     * as topk_pack orders them) */
-    int ties = c == k || t == INT32_MAX ? k : k - count_ge(key, m, t + 1), out = 0;
-    j = 0;
-#if defined(__AVX512F__) && defined(__BMI2__)
-    {   /* those above t and, of those equal to it, the first `ties` (pdep keeps the lowest set bits) */
-        const __m512i wk = _mm512_set1_epi32(t);
-        for (; j + 16 <= m; j += 16) {
-            const __m512i x = _mm512_loadu_si512(key + j);
-            const unsigned eq = _mm512_cmpeq_epi32_mask(x, wk);
-            const unsigned take_eq = _pdep_u32(ties >= 16 ? 0xFFFFu : (1u << ties) - 1, eq);
-            const __mmask16 in = (__mmask16)(_mm512_cmpgt_epi32_mask(x, wk) | take_eq);
-            const int cnt = __builtin_popcount(in);
-            _mm512_mask_storeu_epi32(idx + out, (__mmask16)((1u << cnt) - 1),
-                                     _mm512_maskz_compress_epi32(in, _mm512_loadu_si512(cand + j)));
-            out += cnt, ties -= __builtin_popcount(take_eq);
-        }
-    }
-#endif
-    for (; j < m && out < k; j++) {   /* exactly k are taken: none after the k-th (idx holds k) */
-        const int eq = key[j] == t, take = key[j] > t || (eq && ties > 0);
-        ties -= eq & take;
-        idx[out] = cand[j], out += take;
-    }
-    return out;
+    return top_among(score, cand, m, k, idx, key);
 }
 
 int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scratch)
@@ -333,6 +341,12 @@ int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scrat
     }
     if (n >= 1024 && k < n) {
         int m = topk_hist(score, n, k, idx, scratch);
+        if (m >= 0) return m;
+    }
+    if (n < 1024 && k >= 1 && k < n) {   /* a short row (a rerank's candidates): one cut over its keys */
+        int32_t *cand = (int32_t *)scratch, *key = cand + n;
+        for (int i = 0; i < n; i++) cand[i] = i;
+        int m = top_among(score, cand, n, k, idx, key);
         if (m >= 0) return m;
     }
     for (int i = 0; i < n; i++) scratch[i] = topk_pack(score[i], (uint32_t)i);
