@@ -940,3 +940,43 @@ Test(attention, tip_copy_of_another_map_is_not_read, .timeout = 60)
     policy_free(&pa), policy_free(&pb);
     env_close(&e);
 }
+
+/* `-u` (policy_opts.tip_union): a head's TIP query covers every dim of its group's copy, where
+ * without it only its own F chunks' dims are set (the others zero); its own dims hold the same
+ * values either way. */
+Test(attention, tip_union_query_covers_the_group_copy)
+{
+    env e;
+    env_open(&e, 49);
+    char err[FASA_ERRLEN];
+    const model_config *c = &e.m->cfg;
+    policy own, uni;
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.tip_bits = 4;
+    cr_assert_eq(policy_init(&own, e.m, &o, err), 0, "%s", err);
+    o.tip_union = 1;
+    cr_assert_eq(policy_init(&uni, e.m, &o, err), 0, "%s", err);
+    const int tw = own.tip_width, G = c->n_kv_head, grp = c->n_head / G;
+    float q[1024], a[1032], b[1032];
+    for (int j = 0; j < c->d_head; j++) q[j] = 1.0f + (float)j;
+    int wider = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head; h++) {
+            policy_tip_query(&own, l, h, q, a);
+            policy_tip_query(&uni, l, h, q, b);
+            const int16_t *map = own.tip_map + ((size_t)l * G + h / grp) * tw;
+            int na = 0, nb = 0, mapped = 0;
+            for (int j = 0; j < tw; j++) {
+                na += a[j] != 0, nb += b[j] != 0, mapped += map[j] >= 0;
+                if (a[j] != 0) cr_assert_eq(a[j], b[j], "(%d, %d) dim %d", l, h, j);
+                if (map[j] >= 0) cr_assert_eq(b[j], q[map[j]], "(%d, %d) dim %d", l, h, j);
+            }
+            cr_assert_eq(na, 2 * o.fcs, "(%d, %d): %d own dims", l, h, na);
+            cr_assert_eq(nb, mapped, "(%d, %d): %d of the copy's %d dims", l, h, nb, mapped);
+            wider += nb > na;
+        }
+    cr_expect_gt(wider, 0, "no group's union is wider than a head's own chunks: the test shows nothing");
+    policy_free(&own);
+    policy_free(&uni);
+    env_close(&e);
+}

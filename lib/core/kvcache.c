@@ -195,7 +195,7 @@ float kvcache_tip_key(const float *key, const int16_t *map, int tw, const float 
     float x[1032], amax = 0;
     for (int j = 0; j < tw; j++) {
         x[j] = map[j] >= 0 ? key[map[j]] - (off ? off[j] : 0) : 0;
-        amax = fmaxf(amax, fabsf(x[j]));
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;   /* fmaxf, as NaN goes, without its libm call */
     }
     /* the scale as the copy stores it (f16, at most its largest finite value), so that the values
      * are rounded against the scale they are read with */
@@ -246,7 +246,7 @@ void kvcache_tip_span_offset(const float *sum, int n, const float *off, int tw, 
 float kvcache_tip_query(const float *q, int tw, int8_t *qi, int32_t *qsum)
 {
     float amax = 0;
-    for (int j = 0; j < tw; j++) amax = fmaxf(amax, fabsf(q[j]));
+    for (int j = 0; j < tw; j++) amax = fabsf(q[j]) > amax ? fabsf(q[j]) : amax;   /* (as kvcache_tip_key) */
     const float inv = amax > 0 && isfinite(amax) ? 127 / amax : 0;
     *qsum = 0;
     for (int j = 0; j < tw; j++) {

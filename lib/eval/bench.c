@@ -33,6 +33,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         if (v.o.rerank) out->o.rerank = v.o.rerank;
+        if (v.o.tip_union) out->o.tip_union = 1;
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
@@ -40,7 +41,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
-    int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0;
+    int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0, tip_union = 0;
     int auto_min = 64, rerank = 0, dense_budget = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
@@ -71,6 +72,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
                 return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
         }
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
+        else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
             const double v = strtod(dash + 2, &end);
@@ -99,6 +101,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.group = group;
     out->o.block = block;
     out->o.tip_bits = tip_bits;
+    out->o.tip_union = tip_union;
     out->o.auto_mass = auto_mass;
     out->o.auto_min = auto_min;
     out->o.rerank = rerank;

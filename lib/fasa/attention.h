@@ -54,6 +54,8 @@ typedef struct policy_opts {
     int tip_bits;            /* fasa: 4: TIP reads each head's own chunks from the cache's 4-bit copy
                               * of its group's union (kvcache.h), or rounds keys the same way when
                               * the cache has none; 0: TIP reads the keys as cached */
+    int tip_union;           /* tip_bits: each head scores every dim of the copy (its group's union of
+                              * chunks), not only its own: the same bytes and the same kernel work */
     int block;               /* fasa, TIP over the contiguous block split keys keep: 1, every head
                               * scores its group's top F chunks (the block), selecting per head;
                               * 2, every head its own top F chunks, inside a block that holds the
