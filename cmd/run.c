@@ -343,7 +343,7 @@ int cmd_run(int argc, char **argv)
     const double t_decode = fasa_now() - t0;
     const double kv_bytes = (double)(run_state_kv_bytes_read(ss->s) - kv0);
     const int n_steps = n_gen > 1 ? n_gen - 1 : 0;   /* forward passes in the decode loop */
-    if (!json && (n_gen || print_ids)) putchar('\n');
+    if (!json && (n_gen || print_ids)) putchar('\n'), fflush(stdout);   /* before the figures on stderr */
 
     const double pre_tps = n_prompt / t_prefill, dec_tps = n_steps ? n_steps / t_decode : 0;
     const double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
