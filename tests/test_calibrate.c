@@ -360,7 +360,7 @@ static void expect_top_k(const float *s, int n, int k, const int32_t *idx, int m
  * (-0 ranks below +0) among a few larger values, scores a few subnormals apart (the bins'
  * scale overflows: the histogram must step aside, not index out of its array), and a NaN right
  * after a huge value in the same vector lane (the lane's max must not lose the huge value). */
-Test(calibrate, topk_indices_match_full_sort)
+Test(calibrate, topk_indices_match_full_sort, .timeout = 60)
 {
     uint64_t r = 77;
     const int sizes[] = { 2, 17, 248, 1000, 1024, 3073, 9220 };   /* short rows: a rerank's candidates */
@@ -399,7 +399,7 @@ Test(calibrate, topk_indices_match_full_sort)
 /* The sampled threshold at a low sample rank (k = 124 of 32,768: the guess is the second largest
  * of 256 samples) keeps fewer than k in about one row in eight; the guess is then lowered and the
  * pass repeated. 32 rows of smooth random scores, each against a full sort. */
-Test(calibrate, topk_indices_lowered_guess_matches_full_sort)
+Test(calibrate, topk_indices_lowered_guess_matches_full_sort, .timeout = 60)
 {
     enum { N = 32768, K = 124 };
     uint64_t r = 4242;

@@ -93,12 +93,11 @@ static int32_t max_at_most(const int32_t *v, int n, int32_t t)
     int32_t mx = INT32_MIN;
     int i = 0;
 #ifdef __AVX2__
-    const __m256i vt = _mm256_set1_epi32(t);
-    __m256i vm = _mm256_set1_epi32(INT32_MIN);
-    for (; i + 8 <= n; i += 8) {
+    const __m256i vt = _mm256_set1_epi32(t), lowest = _mm256_set1_epi32(INT32_MIN);
+    __m256i vm = lowest;
+    for (; i + 8 <= n; i += 8) {   /* those above t count as INT32_MIN */
         const __m256i x = _mm256_loadu_si256((const __m256i *)(v + i));
-        vm = _mm256_max_epi32(vm, _mm256_andnot_si256(_mm256_cmpgt_epi32(x, vt), x) |
-                                      _mm256_and_si256(_mm256_cmpgt_epi32(x, vt), _mm256_set1_epi32(INT32_MIN)));
+        vm = _mm256_max_epi32(vm, _mm256_blendv_epi8(x, lowest, _mm256_cmpgt_epi32(x, vt)));
     }
     int32_t a[8];
     _mm256_storeu_si256((__m256i *)a, vm);
