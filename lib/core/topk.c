@@ -252,12 +252,12 @@ static int top_among(const float *score, const int32_t *cand, int m, int k, int3
     }
     if (nan) return -1;
     const int32_t t = key_cut(key, m, k, &c);
-    /* keep those above t and, of those equal to it, the first ones (ties go to the lower index,
-     * as topk_pack orders them) */
+    /* keep those above t and, of those equal to it, the first `ties` (the lower index wins, as
+     * topk_pack orders them) */
     int ties = c == k || t == INT32_MAX ? k : k - count_ge(key, m, t + 1), out = 0;
     j = 0;
 #if defined(__AVX512F__) && defined(__BMI2__)
-    {   /* those above t and, of those equal to it, the first `ties` (pdep keeps the lowest set bits) */
+    {   /* 16 at a time: pdep keeps the lowest `ties` bits of the equal ones */
         const __m512i wk = _mm512_set1_epi32(t);
         for (; j + 16 <= m; j += 16) {
             const __m512i x = _mm512_loadu_si512(key + j);

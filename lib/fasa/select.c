@@ -261,14 +261,14 @@ void policy_kv_opts(const policy *p, kv_opts *ko)
 
 void policy_tip_query(const policy *p, int layer, int head, const float *q, float *out)
 {
-    const size_t at = ((size_t)layer * p->m->cfg.n_head + head) * p->n_dom;
-    memset(out, 0, sizeof(float) * p->tip_width);
-    if (p->o.tip_union) {
+    if (p->o.tip_union) {   /* every dim of the group's copy (unmapped ones zero) */
         const int G = p->m->cfg.n_kv_head, g = head / (p->m->cfg.n_head / G);
         const int16_t *map = p->tip_map + ((size_t)layer * G + g) * p->tip_width;
         for (int j = 0; j < p->tip_width; j++) out[j] = map[j] >= 0 ? q[map[j]] : 0;
         return;
     }
+    const size_t at = ((size_t)layer * p->m->cfg.n_head + head) * p->n_dom;
+    memset(out, 0, sizeof(float) * p->tip_width);
     for (int j = 0; j < p->n_dom; j++) out[p->tip_pos[at + j]] = q[p->dom[at + j]];
 }
 
