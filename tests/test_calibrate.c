@@ -396,6 +396,69 @@ Test(calibrate, topk_indices_match_full_sort, .timeout = 60)
     }
 }
 
+static int desc_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The budget that sets itself counts with topk_mass_cut: the fewest scores whose masses reach a
+ * need. Rows of spread scores (the masses their softmax weights), against a sort: for a need half
+ * way into the j-th largest's mass the cut keeps exactly the top j; the indices at or above the
+ * bar are those j; a need of 0 keeps none, one above the total keeps all; tied scores at the cut
+ * all count. Rows long enough that the cut compacts (a quarter of the row) and short ones. */
+Test(calibrate, mass_cut_keeps_the_fewest_reaching_the_need, .timeout = 60)
+{
+    uint64_t r = 5;
+    const int sizes[] = { 1, 15, 300, 4093, 16384 };
+    for (int si = 0; si < 5; si++) {
+        const int n = sizes[si];
+        float *x = malloc(sizeof(float) * n), *e = malloc(sizeof(float) * n), *sorted = malloc(sizeof(float) * n);
+        float *buf = malloc(sizeof(float) * (n / 2 + 2));
+        int32_t *idx = malloc(sizeof(int32_t) * n);
+        for (int sharp = 0; sharp < 3; sharp++) {   /* flat, peaked, very peaked softmax */
+            for (int i = 0; i < n; i++) x[i] = (sampler_rand(&r) * 8 - 4) * (sharp ? 4 * sharp : 1);
+            float mx = x[0];
+            for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+            for (int i = 0; i < n; i++) e[i] = expf(x[i] - mx);
+            memcpy(sorted, x, sizeof(float) * n);
+            qsort(sorted, (size_t)n, sizeof(float), desc_float);
+            const int js[] = { 1, 2, 10, n / 3, n - 1, n };
+            for (int ji = 0; ji < 6; ji++) {
+                const int j = js[ji];
+                if (j < 1 || j > n) continue;
+                double cum = 0;   /* the masses of the top j - 1, then half of the j-th's */
+                for (int i = 0; i < j - 1; i++) cum += expf(sorted[i] - mx);
+                const double need = cum + 0.5 * expf(sorted[j - 1] - mx);
+                if (0.5 * expf(sorted[j - 1] - mx) < 1e-4 * cum) continue;   /* under float rounding */
+                float bar;
+                const int c = topk_mass_cut(x, e, n, need, &bar, buf);
+                cr_expect_eq(c, j, "n %d, sharpness %d: the fewest reaching the top %d's mass are %d, not %d", n, sharp,
+                             j, j, c);
+                const int k = topk_at_least(x, n, bar, idx);
+                cr_expect_eq(k, c, "n %d: %d scores at or above the bar, counted %d", n, k, c);
+                for (int i = 0; i < k; i++)
+                    cr_expect(x[idx[i]] >= sorted[j - 1] && (i == 0 || idx[i] > idx[i - 1]),
+                              "n %d: index %d (score %g) is not among the top %d in order", n, idx[i], x[idx[i]], j);
+            }
+            float bar;
+            cr_expect_eq(topk_mass_cut(x, e, n, 0, &bar, buf), 0, "n %d: a need of 0 keeps nothing", n);
+            cr_expect_eq(topk_mass_cut(x, e, n, 2.0 * n, &bar, buf), n, "n %d: a need above the total keeps all", n);
+        }
+        if (n >= 300) {   /* four scores tied at the cut: all four count */
+            for (int i = 0; i < n; i++) x[i] = -0.01f * (float)i, e[i] = expf(x[i]);
+            for (int i = 0; i < 4; i++) x[100 + i] = -1.0f, e[100 + i] = expf(-1.0f);
+            double need = -0.5 * e[100];   /* half way into the first tied one */
+            for (int i = 0; i < 101; i++) need += e[i];
+            float bar;
+            const int c = topk_mass_cut(x, e, n, need, &bar, buf);
+            cr_expect_eq(c, 104, "n %d: the cut at four tied scores keeps %d, not 104", n, c);
+            cr_expect_eq(topk_at_least(x, n, bar, idx), 104, "n %d: the tied scores are at or above the bar", n);
+        }
+        free(x); free(e); free(sorted); free(buf); free(idx);
+    }
+}
+
 /* The sampled threshold at a low sample rank (k = 124 of 32,768: the guess is the second largest
  * of 256 samples) keeps fewer than k in about one row in eight; the guess is then lowered and the
  * pass repeated. 32 rows of smooth random scores, each against a full sort. */

@@ -752,8 +752,50 @@ float ops_exp_shifted_ref(float *y, const float *x, int n, float scale, double *
     return mx;
 }
 
+#ifdef __AVX512F__
+/* exp256's steps 16 wide, 2^n applied by scalef */
+static inline __m512 exp512(__m512 x)
+{
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365478515625f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+#endif
+
 float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum)
 {
+#ifdef __AVX512F__
+    if (n >= 16) {
+        __m512 vmx = _mm512_loadu_ps(x);
+        int i = 16;
+        for (; i + 16 <= n; i += 16) vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(x + i));
+        float mx = _mm512_reduce_max_ps(vmx);
+        for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+        const __m512 m = _mm512_set1_ps(mx), sc = _mm512_set1_ps(scale);
+        __m512 acc = _mm512_setzero_ps();
+        for (i = 0; i + 16 <= n; i += 16) {
+            const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), sc));
+            _mm512_storeu_ps(y + i, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        double s = _mm512_reduce_add_ps(acc);
+        for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
+        *sum = s;
+        return mx;
+    }
+#endif
 #ifdef OPS_AVX2
     if (n >= 8) {
         __m256 vmx = _mm256_loadu_ps(x);

@@ -1,5 +1,6 @@
 #include "topk.h"
 
+#include <math.h>
 #include <string.h>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -412,5 +413,107 @@ int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx)
     m = 0;
     for (int w = 0; w < words; w++)
         for (uint64_t bits = key[w]; bits; bits &= bits - 1) idx[m++] = w * 64 + __builtin_ctzll(bits);
+    return k;
+}
+
+/* How many of x[0..n) are >= t, and the sum of their masses e, into *c and *m. */
+static void mass_ge(const float *x, const float *e, int n, float t, int *c, double *m)
+{
+    int i = 0, cnt = 0;
+    double sum = 0;
+#ifdef __AVX512F__
+    const __m512 vt = _mm512_set1_ps(t);
+    __m512 acc = _mm512_setzero_ps();
+    __m512i vc = _mm512_setzero_si512();
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 in = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GE_OQ);
+        acc = _mm512_mask_add_ps(acc, in, acc, _mm512_loadu_ps(e + i));
+        vc = _mm512_mask_sub_epi32(vc, in, vc, _mm512_set1_epi32(-1));
+    }
+    sum = _mm512_reduce_add_ps(acc), cnt = _mm512_reduce_add_epi32(vc);
+#endif
+    for (; i < n; i++)
+        if (x[i] >= t) sum += e[i], cnt++;
+    *c = cnt, *m = sum;
+}
+
+/* x and e of the entries with x >= t, to the front of bx and be (may be x and e: it moves them
+ * down); their count. */
+static int mass_compact(const float *x, const float *e, int n, float t, float *bx, float *be)
+{
+    int i = 0, k = 0;
+#ifdef __AVX512F__
+    const __m512 vt = _mm512_set1_ps(t);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __mmask16 in = _mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ);
+        _mm512_mask_compressstoreu_ps(bx + k, in, v);
+        _mm512_mask_compressstoreu_ps(be + k, in, _mm512_loadu_ps(e + i));
+        k += __builtin_popcount(in);
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] >= t) bx[k] = x[i], be[k++] = e[i];
+    return k;
+}
+
+int topk_mass_cut(const float *x, const float *e, int n, double need, float *bar, float *buf)
+{
+    *bar = INFINITY;
+    if (n <= 0 || !(need > 0)) return 0;
+    float mn, mx;
+    if (!topk_minmax(x, n, &mn, &mx)) {   /* all equal (or NaN, which no cut ranks): all of them */
+        *bar = -INFINITY;
+        return n;
+    }
+    /* a: a cut the masses reach (c_a entries at or above it), b: one they do not (c_b); the
+     * fewest are c_a once c_a = c_b + 1, or when no float lies between a and b (values tied at
+     * the cut: all of them count) */
+    int c_a, c_b;
+    double m;
+    mass_ge(x, e, n, mx, &c_b, &m);
+    if (m >= need) {
+        *bar = mx;
+        return c_b;
+    }
+    float a = mn, b = mx;
+    mass_ge(x, e, n, mn, &c_a, &m);
+    if (m < need) {   /* not reached by all of them (rounding): all of them */
+        *bar = mn;
+        return n;
+    }
+    const float *cx = x, *ce = e;
+    int cn = n;
+    for (int step = 0; step < 64 && c_a - c_b > 1; step++) {
+        const float t = a + (b - a) * 0.5f;
+        if (!(t > a && t < b)) break;
+        int c;
+        mass_ge(cx, ce, cn, t, &c, &m);
+        if (m >= need) a = t, c_a = c;
+        else b = t, c_b = c;
+        if (c_a <= cn / 4) {   /* only the entries >= a take part from here on */
+            cn = mass_compact(cx, ce, cn, a, buf, buf + n / 4 + 1);
+            cx = buf, ce = buf + n / 4 + 1;
+        }
+    }
+    *bar = a;
+    return c_a;
+}
+
+int topk_at_least(const float *x, int n, float bar, int32_t *idx)
+{
+    int i = 0, k = 0;
+#ifdef __AVX512F__
+    const __m512 vt = _mm512_set1_ps(bar);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i ix = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, ix = _mm512_add_epi32(ix, step)) {
+        const __mmask16 in = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GE_OQ);
+        _mm512_mask_compressstoreu_epi32(idx + k, in, ix);
+        k += __builtin_popcount(in);
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] >= bar) idx[k++] = i;
     return k;
 }

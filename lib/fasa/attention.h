@@ -120,15 +120,12 @@ typedef struct policy_scratch {
  * 0 when they do not (everything is ranked together, the forced tokens first). */
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 
-/* The budget that sets itself: how many of the candidates cand[0..n_cand) (the best of [lo, hi),
- * as many as the largest budget allows) the fewest tokens whose estimated attention mass reaches
- * P need beside the forced ones [0, lo) and [hi, t), from S[0..t), TIP's scores of every token
- * (they stand for the logits, times scale = 1/sqrt(d)). The candidates' masses are summed by
- * score in 256 bins over their range, from the top, so the count is exact to a bin; *bar: the
- * lowest score in the bins taken (the candidates scoring at least it are the ones counted),
- * infinity when none are. e: t floats of scratch. */
-int policy_auto_count(const float *S, int t, int lo, int hi, const int32_t *cand, int n_cand, float scale, float P,
-                      float *e, float *bar);
+/* The budget that sets itself: how many of [lo, hi) the fewest tokens whose estimated attention
+ * mass reaches P need beside the forced ones [0, lo) and [hi, t), from S[0..t), TIP's scores of
+ * every token (they stand for the logits, times scale = 1/sqrt(d)); *bar: the cut, the tokens of
+ * [lo, hi) scoring at least it are the ones counted (topk_mass_cut). e: t floats of scratch (the
+ * masses), buf: (hi - lo) / 2 + 2. */
+int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e, float *buf, float *bar);
 
 /* Layer l is one of the dense layers (which attend to dense_budget tokens when that is set). */
 static inline int policy_layer_dense(const policy_opts *o, int l)

@@ -79,25 +79,27 @@ static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, 
     tip_heads(s, l, g, g * grp, grp, a, b, tq, ldq);
 }
 
-/* The budget that sets itself (policy_opts.auto_mass), as policy_select counts it: head h's TIP
- * scores of the forced rows beside those of [lo, hi) already in its row, and how many of the
- * candidates cand[0..n) (its best keep) the fewest tokens reaching the target mass need, within
- * the minimum and keep; *bar: the score those reach when the count is theirs (not raised to the
- * minimum), else NaN. */
-static int auto_keep(const model *m, run_state *s, int l, int h, int lo, int hi, int keep, const int32_t *cand, int n,
-                     const float *tq, int ldq, float *bar)
+/* The budget that sets itself (policy_opts.auto_mass), as policy_select chooses it: head h's
+ * fewest rows of [lo, hi) whose mass, estimated from TIP's scores, reaches the target beside the
+ * forced rows' (their scores computed here), at least the minimum and at most keep; ascending into
+ * idx, their count. scratch: hi - lo entries. */
+static int auto_rows(const model *m, run_state *s, int l, int h, int lo, int hi, int keep, const float *tq, int ldq,
+                     int32_t *idx, uint64_t *scratch)
 {
     policy *p = s->policy;
     const int t1 = s->n_past + 1, g = h / (m->cfg.n_head / m->cfg.n_kv_head), forced = lo + (t1 - hi);
-    float *row = p->tip + (size_t)h * p->tip_ld;
+    const float *row = p->tip + (size_t)h * p->tip_ld;
     if (lo > 0) tip_heads(s, l, g, h, 1, 0, lo, tq, ldq);   /* the sinks and the recent window */
     if (t1 > hi) tip_heads(s, l, g, h, 1, hi, t1, tq, ldq);
-    float *e = p->score + (size_t)omp_get_thread_num() * p->n_ctx;
-    const int c = forced + policy_auto_count(row, t1, lo, hi, cand, n, 1 / sqrtf((float)m->cfg.d_head),
-                                             p->o.auto_mass, e, bar);
-    const int budget = c < p->o.auto_min ? p->o.auto_min : c < keep + forced ? c : keep + forced;
-    if (budget != c) *bar = NAN;
-    return budget - forced;
+    float bar, *e = p->score + (size_t)omp_get_thread_num() * p->n_ctx;
+    const int c = policy_auto_count(row, t1, lo, hi, 1 / sqrtf((float)m->cfg.d_head), p->o.auto_mass, e,
+                                    (float *)scratch, &bar);
+    const int least = p->o.auto_min - forced;
+    int n;
+    if (c >= least && c <= keep) n = topk_at_least(row + lo, hi - lo, bar, idx);
+    else n = topk_indices(row + lo, hi - lo, c < least ? least : keep, idx, scratch);
+    for (int j = 0; j < n; j++) idx[j] += lo;
+    return n;
 }
 
 /* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
@@ -116,6 +118,7 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
     uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
     const int32_t *rows = idx;
     int n = 0, k = -1;
+    if (p->o.auto_mass > 0) k = auto_rows(m, s, l, it, lo, hi, keep, tq, ldq, idx, keys);
     for (int i = 0; i < nt && k < 0; i++) {
         const int ni = p->cand_n[(size_t)i * H + it];
         const uint64_t *cand = p->cand + ((size_t)i * H + it) * mid;
@@ -123,20 +126,6 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
         else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
     }
     if (k < 0) k = topk_keys(keys, n, mid, t1, idx), rows = idx;
-    float bar = NAN;
-    const int want = p->o.auto_mass > 0 ? auto_keep(m, s, l, it, lo, hi, keep, rows, k, tq, ldq, &bar) : mid;
-    if (k > want) {   /* the picks cut to the budget auto chose: those its count took, or the best want */
-        const float *row = p->tip + (size_t)it * p->tip_ld;
-        int n_kept = 0;
-        if (bar == bar) {
-            for (int j = 0; j < k; j++)
-                if (row[rows[j]] >= bar) idx[n_kept++] = rows[j];
-        } else {
-            for (int j = 0; j < k; j++) keys[j] = topk_pack(row[rows[j]], (uint32_t)rows[j]);
-            n_kept = topk_keys(keys, k, want, t1, idx);
-        }
-        k = n_kept, rows = idx;
-    }
     if (k > keep && p->rr) {   /* rerank: the exact scores of TIP's picks keep the best */
         if (rows != idx) memcpy(idx, rows, sizeof *idx * k);
         s->bytes_kv[8 * tid] += (uint64_t)(k - keep) * m->cfg.d_head * kvcache_esz(&s->kv);
@@ -172,6 +161,10 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             tip_rows(s, l, g, a, b, tq, ldq);
             s->bytes_kv[8 * tid] += attn_select_bytes(p, &s->kv, l, g, b - a);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
+                if (p->o.auto_mass > 0) {   /* chosen after the barrier, when the whole row is scored */
+                    cn[h] = a == lo && b == hi ? -1 : 0;
+                    continue;
+                }
                 const float *row = p->tip + (size_t)h * p->tip_ld + a;
                 uint64_t *cand = p->cand + ((size_t)tid * H + h) * mid;
                 const int n = topk_indices(row, b - a, mid, idx, keys);
@@ -183,7 +176,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
                      * prefetches them again, which measured faster than relying on this alone:
                      * 1,024 lines per head are more than stay in flight, or in cache, while TIP
                      * streams the next group) */
-                    if (!(p->o.auto_mass > 0)) kvcache_prefetch(&s->kv, l, g, out, n);   /* (auto: fewer) */
+                    kvcache_prefetch(&s->kv, l, g, out, n);
                 } else {
                     for (int j = 0; j < n; j++) cand[j] = topk_pack(row[idx[j]], (uint32_t)(a + idx[j]));
                     cn[h] = n;

@@ -308,49 +308,14 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
 static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
 static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
-/* bin of x among nb from lo on, inv = nb / range (clamped to the bins; NaN in bin 0) */
-static inline int auto_bin(float x, float lo, float inv, int nb)
+int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e, float *buf, float *bar)
 {
-    const float f = (x - lo) * inv;
-    return f >= nb - 1 ? nb - 1 : f > 0 ? (int)f : 0;
-}
-
-int policy_auto_count(const float *S, int t, int lo, int hi, const int32_t *cand, int n_cand, float scale, float P,
-                      float *e, float *bar)
-{
-    *bar = INFINITY;
-    float cmn = INFINITY, cmx = -INFINITY;
-    for (int j = 0; j < n_cand; j++) {
-        const float x = S[cand[j]];
-        cmn = x < cmn ? x : cmn, cmx = x > cmx ? x : cmx;
-    }
     double total;
     ops_exp_shifted(e, S, t, scale, &total);
     double forced = 0;   /* the sinks and the recent window: a few hundred at most */
     for (int i = 0; i < lo; i++) forced += e[i];
     for (int i = hi; i < t; i++) forced += e[i];
-    const double need = P * total - forced;
-    if (need <= 0 || n_cand <= 0 || !(cmx > -INFINITY)) return 0;
-    enum { NB = 256 };
-    double mass[NB] = { 0 };
-    int cnt[NB] = { 0 };
-    float low[NB];   /* each bin's lowest score */
-    for (int b = 0; b < NB; b++) low[b] = INFINITY;
-    const float inv = cmx > cmn ? NB / (cmx - cmn) : 0;
-    for (int j = 0; j < n_cand; j++) {
-        const float x = S[cand[j]];
-        const int b = auto_bin(x, cmn, inv, NB);
-        mass[b] += e[cand[j]], cnt[b]++;
-        low[b] = x < low[b] ? x : low[b];
-    }
-    double cum = 0;
-    int k = 0;
-    int b = NB;
-    while (b > 0 && cum < need) b--, cum += mass[b], k += cnt[b];
-    /* the last bin taken holds the lowest score taken: it added mass, or it is bin 0 (the lowest
-     * candidate's) */
-    *bar = low[b];
-    return k;
+    return topk_mass_cut(S + lo, e + lo, hi - lo, P * total - forced, bar, buf);
 }
 
 /* The best want of the m candidate rows cand (ascending) by their exact scores against q (the
@@ -479,13 +444,9 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     int lo, hi;
     if (o->auto_mass > 0 && o->kind == POLICY_FASA) {
         policy_forced(o, t, budget, &lo, &hi);
-        /* the candidates: the best budget - forced of [lo, hi), in idx until the selection below */
-        const int nc = hi > lo && budget > lo + (t - hi) ? topk_indices(S + lo, hi - lo, budget - lo - (t - hi), idx,
-                                                                        sc->sel) : 0;
-        for (int j = 0; j < nc; j++) idx[j] += lo;
-        float bar;
-        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, idx, nc, 1.0f / sqrtf((float)d), o->auto_mass,
-                                                        (float *)sc->sel, &bar);
+        float bar, *e = (float *)sc->sel;   /* the masses, then the cut's scratch */
+        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass, e, e + t,
+                                                        &bar);
         budget = n < o->auto_min ? o->auto_min : n < budget ? n : budget;
         if (budget >= t) return -1;
     }
