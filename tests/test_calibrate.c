@@ -402,60 +402,81 @@ static int desc_float(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* The budget that sets itself counts with topk_mass_cut: the fewest scores whose masses reach a
- * need. Rows of spread scores (the masses their softmax weights), against a sort: for a need half
- * way into the j-th largest's mass the cut keeps exactly the top j; the indices at or above the
- * bar are those j; a need of 0 keeps none, one above the total keeps all; tied scores at the cut
- * all count. Rows long enough that the cut compacts (a quarter of the row) and short ones. */
+/* The budget that sets itself counts with topk_mass_cut: the fewest masses reaching a need.
+ * Rows of softmax weights of spread scores, against a sort: for a need half way into the j-th
+ * largest the cut keeps exactly the top j, and those are the masses at or above the bar; a need
+ * of 0 keeps none, one above the total keeps all; masses tied at the cut all count. Rows long
+ * enough that the cut compacts (a quarter of the row) and short ones. */
 Test(calibrate, mass_cut_keeps_the_fewest_reaching_the_need, .timeout = 60)
 {
     uint64_t r = 5;
     const int sizes[] = { 1, 15, 300, 4093, 16384 };
     for (int si = 0; si < 5; si++) {
         const int n = sizes[si];
-        float *x = malloc(sizeof(float) * n), *e = malloc(sizeof(float) * n), *sorted = malloc(sizeof(float) * n);
-        float *buf = malloc(sizeof(float) * (n / 2 + 2));
-        int32_t *idx = malloc(sizeof(int32_t) * n);
+        float *e = malloc(sizeof(float) * n), *sorted = malloc(sizeof(float) * n);
+        float *buf = malloc(sizeof(float) * n);
         for (int sharp = 0; sharp < 3; sharp++) {   /* flat, peaked, very peaked softmax */
-            for (int i = 0; i < n; i++) x[i] = (sampler_rand(&r) * 8 - 4) * (sharp ? 4 * sharp : 1);
-            float mx = x[0];
-            for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-            for (int i = 0; i < n; i++) e[i] = expf(x[i] - mx);
-            memcpy(sorted, x, sizeof(float) * n);
+            for (int i = 0; i < n; i++) e[i] = (sampler_rand(&r) * 8 - 4) * (sharp ? 4 * sharp : 1);
+            float mx = e[0];
+            for (int i = 1; i < n; i++) mx = e[i] > mx ? e[i] : mx;
+            for (int i = 0; i < n; i++) e[i] = expf(e[i] - mx) + 1e-30f;
+            memcpy(sorted, e, sizeof(float) * n);
+            double total = 0;
+            for (int i = 0; i < n; i++) total += e[i];
             qsort(sorted, (size_t)n, sizeof(float), desc_float);
             const int js[] = { 1, 2, 10, n / 3, n - 1, n };
             for (int ji = 0; ji < 6; ji++) {
                 const int j = js[ji];
-                if (j < 1 || j > n) continue;
-                double cum = 0;   /* the masses of the top j - 1, then half of the j-th's */
-                for (int i = 0; i < j - 1; i++) cum += expf(sorted[i] - mx);
-                const double need = cum + 0.5 * expf(sorted[j - 1] - mx);
-                if (0.5 * expf(sorted[j - 1] - mx) < 1e-4 * cum) continue;   /* under float rounding */
+                if (j < 1 || j > n || (j < n && sorted[j] == sorted[j - 1])) continue;
+                double cum = 0;   /* the top j - 1, then half of the j-th */
+                for (int i = 0; i < j - 1; i++) cum += sorted[i];
+                const double need = cum + 0.5 * sorted[j - 1];
+                if (0.5 * sorted[j - 1] < 1e-4 * cum) continue;   /* under float rounding */
                 float bar;
-                const int c = topk_mass_cut(x, e, n, need, &bar, buf);
+                const int c = topk_mass_cut(e, n, total, need, &bar, buf);
                 cr_expect_eq(c, j, "n %d, sharpness %d: the fewest reaching the top %d's mass are %d, not %d", n, sharp,
                              j, j, c);
-                const int k = topk_at_least(x, n, bar, idx);
-                cr_expect_eq(k, c, "n %d: %d scores at or above the bar, counted %d", n, k, c);
-                for (int i = 0; i < k; i++)
-                    cr_expect(x[idx[i]] >= sorted[j - 1] && (i == 0 || idx[i] > idx[i - 1]),
-                              "n %d: index %d (score %g) is not among the top %d in order", n, idx[i], x[idx[i]], j);
+                int above = 0;
+                for (int i = 0; i < n; i++) above += e[i] >= bar;
+                cr_expect_eq(above, c, "n %d: %d masses at or above the bar, counted %d", n, above, c);
+                cr_expect(bar > (j < n ? sorted[j] : 0) && bar <= sorted[j - 1], "n %d: the bar %g is not between the "
+                          "%d-th and the next", n, bar, j);
             }
             float bar;
-            cr_expect_eq(topk_mass_cut(x, e, n, 0, &bar, buf), 0, "n %d: a need of 0 keeps nothing", n);
-            cr_expect_eq(topk_mass_cut(x, e, n, 2.0 * n, &bar, buf), n, "n %d: a need above the total keeps all", n);
+            cr_expect_eq(topk_mass_cut(e, n, total, 0, &bar, buf), 0, "n %d: a need of 0 keeps nothing", n);
+            cr_expect_eq(topk_mass_cut(e, n, total, total, &bar, buf), n, "n %d: a need of the total keeps all", n);
         }
-        if (n >= 300) {   /* four scores tied at the cut: all four count */
-            for (int i = 0; i < n; i++) x[i] = -0.01f * (float)i, e[i] = expf(x[i]);
-            for (int i = 0; i < 4; i++) x[100 + i] = -1.0f, e[100 + i] = expf(-1.0f);
-            double need = -0.5 * e[100];   /* half way into the first tied one */
+        if (n >= 300) {   /* four masses tied at the cut: all four count */
+            for (int i = 0; i < n; i++) e[i] = expf(-0.01f * (float)i);
+            for (int i = 0; i < 4; i++) e[100 + i] = expf(-1.0f);
+            double need = -0.5 * e[100], total = 0;   /* half way into the first tied one */
             for (int i = 0; i < 101; i++) need += e[i];
+            for (int i = 0; i < n; i++) total += e[i];
             float bar;
-            const int c = topk_mass_cut(x, e, n, need, &bar, buf);
-            cr_expect_eq(c, 104, "n %d: the cut at four tied scores keeps %d, not 104", n, c);
-            cr_expect_eq(topk_at_least(x, n, bar, idx), 104, "n %d: the tied scores are at or above the bar", n);
+            const int c = topk_mass_cut(e, n, total, need, &bar, buf);
+            cr_expect_eq(c, 104, "n %d: the cut at four tied masses keeps %d, not 104", n, c);
         }
-        free(x); free(e); free(sorted); free(buf); free(idx);
+        free(e); free(sorted); free(buf);
+    }
+}
+
+/* topk_at_least: the indices of the scores at or above a bar, in order, against a plain loop
+ * (rows across the vector width and its tail). */
+Test(calibrate, topk_at_least_keeps_order)
+{
+    uint64_t r = 9;
+    for (int n = 0; n < 70; n += 7) {
+        float x[70];
+        int32_t idx[70];
+        for (int i = 0; i < n; i++) x[i] = sampler_rand(&r) - 0.5f;
+        const int k = topk_at_least(x, n, 0.0f, idx);
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (x[i] >= 0.0f) {
+                cr_expect(m < k && idx[m] == i, "n %d: entry %d of those >= 0 is not %d", n, m, i);
+                m++;
+            }
+        cr_expect_eq(k, m, "n %d: %d at or above 0, not %d", n, k, m);
     }
 }
 

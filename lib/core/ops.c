@@ -774,54 +774,55 @@ static inline __m512 exp512(__m512 x)
 }
 #endif
 
-float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum)
+float ops_max(const float *x, int n)
 {
+    float mx = -INFINITY;
+    int i = 0;
 #ifdef __AVX512F__
     if (n >= 16) {
         __m512 vmx = _mm512_loadu_ps(x);
-        int i = 16;
-        for (; i + 16 <= n; i += 16) vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(x + i));
-        float mx = _mm512_reduce_max_ps(vmx);
-        for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-        const __m512 m = _mm512_set1_ps(mx), sc = _mm512_set1_ps(scale);
-        __m512 acc = _mm512_setzero_ps();
-        for (i = 0; i + 16 <= n; i += 16) {
-            const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), sc));
-            _mm512_storeu_ps(y + i, e);
-            acc = _mm512_add_ps(acc, e);
-        }
-        double s = _mm512_reduce_add_ps(acc);
-        for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
-        *sum = s;
-        return mx;
+        for (i = 16; i + 16 <= n; i += 16) vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(x + i));
+        mx = _mm512_reduce_max_ps(vmx);
     }
 #endif
-#ifdef OPS_AVX2
-    if (n >= 8) {
-        __m256 vmx = _mm256_loadu_ps(x);
-        int i = 8;
-        for (; i + 8 <= n; i += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(x + i));
-        float lane[8], mx;
-        _mm256_storeu_ps(lane, vmx);
-        mx = lane[0];
-        for (int j = 1; j < 8; j++) mx = lane[j] > mx ? lane[j] : mx;
-        for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-        const __m256 m = _mm256_set1_ps(mx), sc = _mm256_set1_ps(scale);
-        __m256 acc = _mm256_setzero_ps();
-        for (i = 0; i + 8 <= n; i += 8) {
-            const __m256 e = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sc));
-            _mm256_storeu_ps(y + i, e);
-            acc = _mm256_add_ps(acc, e);
-        }
-        _mm256_storeu_ps(lane, acc);
-        double s = 0;
-        for (int j = 0; j < 8; j++) s += lane[j];
-        for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
-        *sum = s;
-        return mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double *sum)
+{
+    int i = 0;
+    double s = 0;
+#ifdef __AVX512F__
+    const __m512 m = _mm512_set1_ps(mx), sc = _mm512_set1_ps(scale);
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), sc));
+        _mm512_storeu_ps(y + i, e);
+        acc = _mm512_add_ps(acc, e);
     }
+    s = _mm512_reduce_add_ps(acc);
+#elif defined(OPS_AVX2)
+    const __m256 m = _mm256_set1_ps(mx), sc = _mm256_set1_ps(scale);
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sc));
+        _mm256_storeu_ps(y + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lane[8];
+    _mm256_storeu_ps(lane, acc);
+    for (int j = 0; j < 8; j++) s += lane[j];
 #endif
-    return ops_exp_shifted_ref(y, x, n, scale, sum);
+    for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
+    *sum = s;
+}
+
+float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum)
+{
+    const float mx = ops_max(x, n);
+    ops_exp_from(y, x, n, mx, scale, sum);
+    return mx;
 }
 
 void ops_softmax_ref(float *x, int n)

@@ -416,8 +416,8 @@ int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx)
     return k;
 }
 
-/* How many of x[0..n) are >= t, and the sum of their masses e, into *c and *m. */
-static void mass_ge(const float *x, const float *e, int n, float t, int *c, double *m)
+/* How many of e[0..n) are >= t, and their sum, into *c and *m. */
+static void mass_ge(const float *e, int n, float t, int *c, double *m)
 {
     int i = 0, cnt = 0;
     double sum = 0;
@@ -426,77 +426,74 @@ static void mass_ge(const float *x, const float *e, int n, float t, int *c, doub
     __m512 acc = _mm512_setzero_ps();
     __m512i vc = _mm512_setzero_si512();
     for (; i + 16 <= n; i += 16) {
-        const __mmask16 in = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vt, _CMP_GE_OQ);
-        acc = _mm512_mask_add_ps(acc, in, acc, _mm512_loadu_ps(e + i));
+        const __m512 v = _mm512_loadu_ps(e + i);
+        const __mmask16 in = _mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ);
+        acc = _mm512_mask_add_ps(acc, in, acc, v);
         vc = _mm512_mask_sub_epi32(vc, in, vc, _mm512_set1_epi32(-1));
     }
     sum = _mm512_reduce_add_ps(acc), cnt = _mm512_reduce_add_epi32(vc);
 #endif
     for (; i < n; i++)
-        if (x[i] >= t) sum += e[i], cnt++;
+        if (e[i] >= t) sum += e[i], cnt++;
     *c = cnt, *m = sum;
 }
 
-/* x and e of the entries with x >= t, to the front of bx and be (may be x and e: it moves them
- * down); their count. */
-static int mass_compact(const float *x, const float *e, int n, float t, float *bx, float *be)
+static inline float bits_float(int32_t u)
 {
-    int i = 0, k = 0;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* The e[0..n) >= t, to the front of out (which may be e: it moves them down); their count. */
+static int compact_ge(const float *e, int n, float t, float *out)
+{
+    int k = 0, i = 0;
 #ifdef __AVX512F__
     const __m512 vt = _mm512_set1_ps(t);
     for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 v = _mm512_loadu_ps(e + i);
         const __mmask16 in = _mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_ps(bx + k, in, v);
-        _mm512_mask_compressstoreu_ps(be + k, in, _mm512_loadu_ps(e + i));
+        _mm512_mask_compressstoreu_ps(out + k, in, v);
         k += __builtin_popcount(in);
     }
 #endif
     for (; i < n; i++)
-        if (x[i] >= t) bx[k] = x[i], be[k++] = e[i];
+        if (e[i] >= t) out[k++] = e[i];
     return k;
 }
 
-int topk_mass_cut(const float *x, const float *e, int n, double need, float *bar, float *buf)
+int topk_mass_cut(const float *e, int n, double total, double need, float *bar, float *buf)
 {
     *bar = INFINITY;
     if (n <= 0 || !(need > 0)) return 0;
-    float mn, mx;
-    if (!topk_minmax(x, n, &mn, &mx)) {   /* all equal (or NaN, which no cut ranks): all of them */
+    if (!(need < total)) {   /* all of them */
         *bar = -INFINITY;
         return n;
     }
-    /* a: a cut the masses reach (c_a entries at or above it), b: one they do not (c_b); the
-     * fewest are c_a once c_a = c_b + 1, or when no float lies between a and b (values tied at
-     * the cut: all of them count) */
-    int c_a, c_b;
-    double m;
-    mass_ge(x, e, n, mx, &c_b, &m);
-    if (m >= need) {
-        *bar = mx;
-        return c_b;
-    }
-    float a = mn, b = mx;
-    mass_ge(x, e, n, mn, &c_a, &m);
-    if (m < need) {   /* not reached by all of them (rounding): all of them */
-        *bar = mn;
-        return n;
-    }
-    const float *cx = x, *ce = e;
-    int cn = n;
-    for (int step = 0; step < 64 && c_a - c_b > 1; step++) {
-        const float t = a + (b - a) * 0.5f;
-        if (!(t > a && t < b)) break;
+    /* those under (total - need) / n sum to less than total - need: the rest reach need, and
+     * only they take part (for a peaked softmax a few of the n) */
+    const float floor = (float)((total - need) / n * (1 - 1e-6));
+    int cn = compact_ge(e, n, floor, buf);
+    /* a: a cut the masses reach (c_a of them at or above it), b: one they do not (c_b), as float
+     * bits (which order as the floats do, >= 0): the fewest are c_a once c_a = c_b + 1, or when
+     * a and b are adjacent floats (masses tied at the cut: all of them count). The bits' middle
+     * is about the geometric mean: the bisection halves the range of log-mass, as of the score. */
+    int32_t a, b;
+    const float one = 1.0f;
+    memcpy(&a, &floor, 4), memcpy(&b, &one, 4);
+    b++;
+    int c_a = cn, c_b = 0;
+    while (c_a - c_b > 1 && b - a > 1) {
+        const int32_t t = a + (b - a) / 2;
         int c;
-        mass_ge(cx, ce, cn, t, &c, &m);
+        double m;
+        mass_ge(buf, cn, bits_float(t), &c, &m);
         if (m >= need) a = t, c_a = c;
         else b = t, c_b = c;
-        if (c_a <= cn / 4) {   /* only the entries >= a take part from here on */
-            cn = mass_compact(cx, ce, cn, a, buf, buf + n / 4 + 1);
-            cx = buf, ce = buf + n / 4 + 1;
-        }
+        if (c_a <= cn / 4) cn = compact_ge(buf, cn, bits_float(a), buf);   /* only those >= a from here on */
     }
-    *bar = a;
+    *bar = bits_float(a);
     return c_a;
 }
 

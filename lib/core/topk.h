@@ -43,13 +43,14 @@ int topk_indices(const float *score, int n, int k, int32_t *idx, uint64_t *scrat
  * key[] is overwritten and must hold max(n, (n_index + 63) / 64) entries. Returns the count. */
 int topk_keys(uint64_t *key, int n, int k, int n_index, int32_t *idx);
 
-/* The fewest of the n scores x whose masses e (>= 0, in x's order) sum to need, as a cut: returns
- * their count, and *bar such that they are the x >= *bar (scores tied at the cut all count). None
- * (0, *bar = +inf) when need <= 0; all n when they only reach it together (*bar = their lowest
- * or -inf). A bisection on the score, each step one vector pass summing the masses at or above
- * it, over only those at or above the cut once they are a quarter of the rest. buf: n / 2 + 2
- * floats. */
-int topk_mass_cut(const float *x, const float *e, int n, double need, float *bar, float *buf);
+/* The fewest of the n masses e (0 <= e <= 1, summing to total) that sum to need, as a cut:
+ * returns their count, and *bar such that they are the e >= *bar (masses tied at the cut all
+ * count). None (0, *bar = +inf) when need <= 0; all n (*bar = -inf) when need >= total. Those
+ * under (total - need) / n cannot be needed and are dropped first; then a bisection on the
+ * masses' float bits (on their logarithm: as on the scores they come from), each step one vector
+ * pass summing those at or above it, over only those once they are a quarter of the rest.
+ * buf: n floats. */
+int topk_mass_cut(const float *e, int n, double total, double need, float *bar, float *buf);
 
 /* The indices of x[0..n) >= bar, ascending, into idx; their count. */
 int topk_at_least(const float *x, int n, float bar, int32_t *idx);

@@ -122,10 +122,10 @@ int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 
 /* The budget that sets itself: how many of [lo, hi) the fewest tokens whose estimated attention
  * mass reaches P need beside the forced ones [0, lo) and [hi, t), from S[0..t), TIP's scores of
- * every token (they stand for the logits, times scale = 1/sqrt(d)); *bar: the cut, the tokens of
- * [lo, hi) scoring at least it are the ones counted (topk_mass_cut). e: t floats of scratch (the
- * masses), buf: (hi - lo) / 2 + 2. */
-int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e, float *buf, float *bar);
+ * every token (they stand for the logits, times scale = 1/sqrt(d)). Their indices, ascending,
+ * into ix[0..count) (ix: room for hi - lo); *bar: the cut on their masses (topk_mass_cut).
+ * ws: 2 t floats of scratch. */
+int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *ws, int32_t *ix, float *bar);
 
 /* Layer l is one of the dense layers (which attend to dense_budget tokens when that is set). */
 static inline int policy_layer_dense(const policy_opts *o, int l)

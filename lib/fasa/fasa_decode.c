@@ -82,7 +82,7 @@ static void tip_rows(run_state *s, int l, int g, int a, int b, const float *tq, 
 /* The budget that sets itself (policy_opts.auto_mass), as policy_select chooses it: head h's
  * fewest rows of [lo, hi) whose mass, estimated from TIP's scores, reaches the target beside the
  * forced rows' (their scores computed here), at least the minimum and at most keep; ascending into
- * idx, their count. scratch: hi - lo entries. */
+ * idx, their count. scratch: t1 entries. */
 static int auto_rows(const model *m, run_state *s, int l, int h, int lo, int hi, int keep, const float *tq, int ldq,
                      int32_t *idx, uint64_t *scratch)
 {
@@ -91,13 +91,12 @@ static int auto_rows(const model *m, run_state *s, int l, int h, int lo, int hi,
     const float *row = p->tip + (size_t)h * p->tip_ld;
     if (lo > 0) tip_heads(s, l, g, h, 1, 0, lo, tq, ldq);   /* the sinks and the recent window */
     if (t1 > hi) tip_heads(s, l, g, h, 1, hi, t1, tq, ldq);
-    float bar, *e = p->score + (size_t)omp_get_thread_num() * p->n_ctx;
-    const int c = policy_auto_count(row, t1, lo, hi, 1 / sqrtf((float)m->cfg.d_head), p->o.auto_mass, e,
-                                    (float *)scratch, &bar);
+    float bar;
+    const int c = policy_auto_count(row, t1, lo, hi, 1 / sqrtf((float)m->cfg.d_head), p->o.auto_mass,
+                                    (float *)scratch, idx, &bar);
     const int least = p->o.auto_min - forced;
-    int n;
-    if (c >= least && c <= keep) n = topk_at_least(row + lo, hi - lo, bar, idx);
-    else n = topk_indices(row + lo, hi - lo, c < least ? least : keep, idx, scratch);
+    if (c >= least && c <= keep) return c;
+    const int n = topk_indices(row + lo, hi - lo, c < least ? least : keep, idx, scratch);
     for (int j = 0; j < n; j++) idx[j] += lo;
     return n;
 }

@@ -308,14 +308,19 @@ static void tip_scores_q4(const policy *p, const kvcache *kv, int l, int h, int 
 static inline float forced(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 100); }
 static inline float forced_sink(int i) { return ldexpf(1.0f + (float)i * 0x1p-23f, 101); }
 
-int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *e, float *buf, float *bar)
+int policy_auto_count(const float *S, int t, int lo, int hi, float scale, float P, float *ws, int32_t *ix, float *bar)
 {
-    double total;
-    ops_exp_shifted(e, S, t, scale, &total);
-    double forced = 0;   /* the sinks and the recent window: a few hundred at most */
-    for (int i = 0; i < lo; i++) forced += e[i];
-    for (int i = hi; i < t; i++) forced += e[i];
-    return topk_mass_cut(S + lo, e + lo, hi - lo, P * total - forced, bar, buf);
+    const float mx = ops_max(S, t);
+    float *e = ws;   /* the masses of [lo, hi), then scratch */
+    double mid, sinks, recent;
+    ops_exp_from(e, S + lo, hi - lo, mx, scale, &mid);
+    ops_exp_from(e + (hi - lo), S, lo, mx, scale, &sinks);
+    ops_exp_from(e + (hi - lo), S + hi, t - hi, mx, scale, &recent);
+    const double forced = sinks + recent;
+    const int c = topk_mass_cut(e, hi - lo, mid, P * (mid + forced) - forced, bar, e + (hi - lo));
+    const int k = topk_at_least(e, hi - lo, *bar, ix);
+    for (int j = 0; j < k; j++) ix[j] += lo;
+    return c;
 }
 
 /* The best want of the m candidate rows cand (ascending) by their exact scores against q (the
@@ -444,9 +449,9 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     int lo, hi;
     if (o->auto_mass > 0 && o->kind == POLICY_FASA) {
         policy_forced(o, t, budget, &lo, &hi);
-        float bar, *e = (float *)sc->sel;   /* the masses, then the cut's scratch */
-        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass, e, e + t,
-                                                        &bar);
+        float bar;
+        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass,
+                                                        (float *)sc->sel, idx, &bar);
         budget = n < o->auto_min ? o->auto_min : n < budget ? n : budget;
         if (budget >= t) return -1;
     }
