@@ -70,6 +70,9 @@ static const char usage_text[] =
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
     "      --steps M         decode steps (default 256)\n"
+    "      --windows W       ppl: W windows of C tokens per context, spread evenly over the text (the\n"
+    "                        first at its start), each prefilled on its own; the perplexity is over\n"
+    "                        all their steps (default 1)\n"
     "      --depths LIST     passkey depths (default 0,0.25,0.5,0.75,1); speed: cache depths in\n"
     "                        tokens (default 0,2048,4096,8192,16384,32768)\n"
     "      --repeats R       speed: decode runs per depth; medians are reported (default 5)\n"
@@ -381,6 +384,7 @@ int cmd_bench(int argc, char **argv)
         { "k", required_argument, 0, 'K' },       { "context", required_argument, 0, 'C' },
         { "tokens", required_argument, 0, 'N' },  { "steps", required_argument, 0, 'M' },
         { "samples", required_argument, 0, 'A' }, { "tasks", required_argument, 0, 'Q' },
+        { "windows", required_argument, 0, 'w' },
         { "quick", no_argument, 0, 'q' },
         { "depths", required_argument, 0, 'D' },  { "seeds", required_argument, 0, 'S' },
         { "csv", required_argument, 0, 'c' },     { "json", no_argument, 0, 'j' },
@@ -402,7 +406,7 @@ int cmd_bench(int argc, char **argv)
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 0;
     int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, show = 0, c;
-    long samples = 1;
+    long samples = 1, windows = 1;
     const char *task_list = NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
@@ -435,6 +439,7 @@ int cmd_bench(int argc, char **argv)
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'A': if (parse_int("--samples", optarg, 1, 1000, &samples)) return EXIT_USAGE; break;
+        case 'w': if (parse_int("--windows", optarg, 1, 64, &windows)) return EXIT_USAGE; break;
         case 'Q': task_list = optarg; break;
         case 'q': quick = 1; break;
         case 'o': show = 1; break;
@@ -477,6 +482,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (!ruler && (task_list || quick || show || samples != 1))
         return die_usage("--tasks, --quick, --show and --samples are for --task ruler");
+    if (windows != 1 && strcmp(task, "ppl")) return die_usage("--windows is for --task ppl");
     if (ruler && quick) {
         if (!policies) policies = "full,default,stream";
         if (!strcmp(budgets, "128,256,512,1024")) budgets = "1024";
@@ -485,7 +491,8 @@ int cmd_bench(int argc, char **argv)
     /* the lists before the model is read */
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
     bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = ruler ? (int)samples : (int)seeds,
-                      .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer, .show = show };
+                      .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer, .show = show,
+                      .windows = (int)windows };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);

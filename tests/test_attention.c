@@ -389,6 +389,45 @@ Test(attention, baseline_selections_keep_their_promises)
     env_close(&e);
 }
 
+/* bench_ppl with --windows: W windows of C tokens spread over the text, the first at its start
+ * and the last at its end; the mean NLL over all their steps is the mean of each window's run
+ * alone (bench_ppl on the text from that window's offset), for full attention and a sparse
+ * policy, and the tokens attended are the windows' mean. */
+Test(attention, ppl_windows_average_the_windows, .timeout = 120)
+{
+    env e;
+    env_open(&e, 44);
+    char err[FASA_ERRLEN];
+    bench_cfg cfg = { .steps = 24, .n_budget = 1, .budgets = { 32 }, .n_ctx = 1, .contexts = { 96 }, .windows = 3 };
+    const char *names[] = { "full", "fasa-1/4" };
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &cfg.policies[cfg.n_policy++], err), 0, "%s", err);
+    bench_row *all = NULL;
+    int n_all = 0;
+    const int n = 240;
+    cr_assert_eq(bench_ppl(e.m, e.ids, n, &cfg, &all, &n_all, err), 0, "%s", err);
+    cr_assert_eq(n_all, 2);
+    double nll[2] = { 0, 0 }, tok = 0;
+    cfg.windows = 1;
+    for (int w = 0; w < 3; w++) {   /* offsets 0, (n - C - 1) / 2, n - C - 1 */
+        const int off = w * (n - 96 - 1) / 2;
+        bench_row *one = NULL;
+        int n_one = 0;
+        cr_assert_eq(bench_ppl(e.m, e.ids + off, n - off, &cfg, &one, &n_one, err), 0, "%s", err);
+        for (int r = 0; r < 2; r++) nll[r] += one[r].extra / 3;
+        tok += one[1].tokens / 3;
+        free(one);
+    }
+    for (int r = 0; r < 2; r++) {
+        cr_expect_float_eq(all[r].extra, nll[r], 1e-9, "%s: %g over three windows, their mean %g", names[r],
+                           all[r].extra, nll[r]);
+        cr_expect_float_eq(all[r].value, exp(nll[r]), 1e-9 * exp(nll[r]));
+    }
+    cr_expect_float_eq(all[1].tokens, tok, 1e-9, "tokens attended %g, the windows' mean %g", all[1].tokens, tok);
+    free(all);
+    env_close(&e);
+}
+
 Test(attention, oracle_ca_bounds_every_policy, .timeout = 120)
 {
     env e;

@@ -315,67 +315,89 @@ static void snap_free(stats_snap *sn) { free(sn->votes); free(sn->h2o); free(sn-
 
 int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err)
 {
-    const int M = cfg->steps > 0 ? cfg->steps : 256, V = m->cfg.n_vocab;
-    int rc = 0, done = 0, total = cfg->n_ctx * cfg->n_policy * cfg->n_budget;
+    const int M = cfg->steps > 0 ? cfg->steps : 256, V = m->cfg.n_vocab, W = cfg->windows > 1 ? cfg->windows : 1;
+    const int runs = cfg->n_policy * cfg->n_budget;   /* (policy, budget) pairs, full's once */
+    int rc = 0, done = 0, total = cfg->n_ctx * runs * W;
     for (int ci = 0; ci < cfg->n_ctx; ci++) {   /* every context checked before the first runs */
         const int C = cfg->contexts[ci];
         if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
         if (C - M < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
     }
-    for (int ci = 0; ci < cfg->n_ctx; ci++) {
+    double *nll = malloc(sizeof *nll * runs), *sel = malloc(sizeof *sel * runs);
+    if (!nll || !sel) {
+        free(nll), free(sel);
+        return fasa_error(err, FASA_ENOMEM, "out of memory");
+    }
+    for (int ci = 0; ci < cfg->n_ctx && rc == 0; ci++) {
         const int C = cfg->contexts[ci], P = C - M;
-        run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
-        if (!s) return FASA_ENOMEM;
-        attn_stats st;
-        if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) {
+        memset(nll, 0, sizeof *nll * runs), memset(sel, 0, sizeof *sel * runs);
+        /* window w: the C tokens from an offset spread evenly over the text (the first at 0),
+         * each with its own cache and statistics */
+        for (int w = 0; w < W && rc == 0; w++) {
+            const int32_t *x = ids + (W > 1 ? (int64_t)w * (n - C - 1) / (W - 1) : 0);
+            run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
+            if (!s) {
+                rc = FASA_ENOMEM;
+                break;
+            }
+            attn_stats st;
+            if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) {
+                run_state_free(s);
+                break;
+            }
+            s->stats = &st;
+            stats_snap sn = { 0 };
+            if ((rc = model_prefill(m, s, x, P, NULL, err)) < 0) goto next;
+            snap_take(&sn, &st);
+            for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
+                const bench_policy *bp = &cfg->policies[pi];
+                const int nb_budget = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
+                for (int bi = 0; bi < nb_budget && rc == 0; bi++) {
+                    policy pol;
+                    policy_opts o = bp->o;
+                    o.budget = bp->o.kind == POLICY_FULL ? C : cfg->budgets[bi];
+                    if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
+                    snap_restore(&sn, &st);
+                    s->n_past = P;
+                    if ((rc = attention_use_policy(s, &pol, P, err)) < 0) {
+                        policy_free(&pol);
+                        break;
+                    }
+                    /* h2o's scores depend on the previous step: one token at a time */
+                    const int batch = o.kind == POLICY_H2O ? 1 : s->n_batch;
+                    for (int i = 0; i < M && rc == 0; i += batch) {
+                        int nb = M - i < batch ? M - i : batch;
+                        rc = model_forward(m, s, x + P + i, nb, 1, err);
+                        for (int j = 0; j < nb && rc == 0; j++)
+                            nll[pi * cfg->n_budget + bi] += nll_of(s->logits + (size_t)j * V, V, x[P + i + j + 1]);
+                    }
+                    attention_use_policy(s, NULL, 0, NULL);
+                    sel[pi * cfg->n_budget + bi] += policy_selected(&pol, NULL) / W;
+                    policy_free(&pol);
+                    done += bp->o.kind == POLICY_FULL ? cfg->n_budget : 1;
+                    if (rc == 0 && cfg->progress) cfg->progress(cfg->progress_ctx, done, total);
+                }
+            }
+        next:
+            snap_free(&sn);
+            attn_stats_free(&st);
             run_state_free(s);
-            return rc;
         }
-        s->stats = &st;
-        stats_snap sn = { 0 };
-        if ((rc = model_prefill(m, s, ids, P, NULL, err)) < 0) goto next;
-        snap_take(&sn, &st);
-        for (int pi = 0; pi < cfg->n_policy; pi++) {
+        for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
             const bench_policy *bp = &cfg->policies[pi];
-            int nb_budget = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
-            for (int bi = 0; bi < nb_budget; bi++) {
-                policy pol;
-                policy_opts o = bp->o;
-                o.budget = bp->o.kind == POLICY_FULL ? C : cfg->budgets[bi];
-                if ((rc = policy_init(&pol, m, &o, err)) < 0) goto next;
-                snap_restore(&sn, &st);
-                s->n_past = P;
-                if ((rc = attention_use_policy(s, &pol, P, err)) < 0) { policy_free(&pol); goto next; }
-                /* h2o's scores depend on the previous step: one token at a time */
-                const int batch = o.kind == POLICY_H2O ? 1 : s->n_batch;
-                double nll = 0;
-                for (int i = 0; i < M && rc == 0; i += batch) {
-                    int nb = M - i < batch ? M - i : batch;
-                    rc = model_forward(m, s, ids + P + i, nb, 1, err);
-                    for (int j = 0; j < nb && rc == 0; j++)
-                        nll += nll_of(s->logits + (size_t)j * V, V, ids[P + i + j + 1]);
-                }
-                attention_use_policy(s, NULL, 0, NULL);
-                const double tokens = policy_selected(&pol, NULL);
-                policy_free(&pol);
-                if (rc < 0) goto next;
-                if (add_row(rows, n_rows, "ppl", bp->name, o.kind == POLICY_FULL ? 0 : o.budget, C, exp(nll / M),
-                            nll / M, -1) < 0) {
+            for (int bi = 0; bi < (bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget); bi++) {
+                const double mean = nll[pi * cfg->n_budget + bi] / ((double)M * W);
+                if (add_row(rows, n_rows, "ppl", bp->name, bp->o.kind == POLICY_FULL ? 0 : cfg->budgets[bi], C,
+                            exp(mean), mean, -1) < 0) {
                     rc = fasa_error(err, FASA_ENOMEM, "out of memory");
-                    goto next;
+                    break;
                 }
-                (*rows)[*n_rows - 1].tokens = tokens;
-                done += bp->o.kind == POLICY_FULL ? cfg->n_budget : 1;
-                if (cfg->progress) cfg->progress(cfg->progress_ctx, done, total);
+                (*rows)[*n_rows - 1].tokens = sel[pi * cfg->n_budget + bi];
             }
         }
-    next:
-        snap_free(&sn);
-        attn_stats_free(&st);
-        run_state_free(s);
-        if (rc < 0) return rc;
     }
-    return 0;
+    free(nll), free(sel);
+    return rc < 0 ? rc : 0;
 }
 
 /* ---------------------------------------------------------------- passkey */

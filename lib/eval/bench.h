@@ -31,6 +31,7 @@ typedef struct bench_cfg {
     int n_ctx, contexts[BENCH_MAX];       /* ppl contexts C; passkey lengths */
     int n_k, ks[BENCH_MAX];               /* ca */
     int steps;                            /* M decode steps (ppl, ca) */
+    int windows;                          /* ppl: windows of the text per context, spread over it (0: 1) */
     int n_depth; double depths[BENCH_MAX];/* passkey */
     int seeds;                            /* passkey samples per (length, depth) */
     int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
