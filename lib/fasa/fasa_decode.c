@@ -9,7 +9,9 @@
  * selected; the others (a group cut between threads) take, after a barrier, the best mid of the
  * threads' picks, which is the best mid of the row: the same set as one selection over it. Then
  * each head attends to its rows, and the forced rows are attended once per group (the same rows
- * for all its heads), the parts merged as flash-decoding merges them.
+ * for all its heads), the parts merged as flash-decoding merges them. Under the budget that sets
+ * itself nothing is picked before the barrier: a head's rows come from a cut on its whole row's
+ * estimated masses (auto_rows), which needs the row whole.
  * A thread reads only TIP scores it wrote: when the two cores of a VM sit on different dies,
  * handing a layer's scores (300 KB at 8k for the default model) from one core to the other made
  * TIP 2.5x slower (README, Speed).
