@@ -446,12 +446,13 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     }
     /* forced tokens (attention sinks, a recent window): when they leave room in the budget, the
      * rest is selected from the tokens between them, and the indices stay ascending */
-    int lo, hi;
+    int lo, hi, counted = -1;
     if (o->auto_mass > 0 && o->kind == POLICY_FASA) {
         policy_forced(o, t, budget, &lo, &hi);
-        float bar;
-        const int n = lo + (t - hi) + policy_auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass,
-                                                        (float *)sc->sel, idx, &bar);
+        float bar;   /* the count's rows, ascending, go to idx + lo */
+        counted = policy_auto_count(S, t, lo, hi, 1.0f / sqrtf((float)d), o->auto_mass, (float *)sc->sel, idx + lo,
+                                    &bar);
+        const int n = lo + (t - hi) + counted;
         budget = n < o->auto_min ? o->auto_min : n < budget ? n : budget;
         if (budget >= t) return -1;
     }
@@ -460,9 +461,12 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
     if (o->kind != POLICY_STREAM && room) {
         const int want = budget - lo - (t - hi);
         const int rr = o->kind == POLICY_FASA && o->rerank > 1 ? o->rerank : 1;
-        int m = topk_indices(S + lo, hi - lo, want * rr, idx + lo, sc->sel);
+        int m = want;
+        if (want != counted || rr > 1) {   /* else the count's own rows are the best want */
+            m = topk_indices(S + lo, hi - lo, want * rr, idx + lo, sc->sel);
+            for (int j = lo; j < lo + m; j++) idx[j] += lo;
+        }
         for (int i = 0; i < lo; i++) idx[i] = i;
-        for (int j = lo; j < lo + m; j++) idx[j] += lo;
         if (m > want && sc->rr) m = policy_rerank(kv, layer, g, q, idx + lo, m, want, sc->rr, sc->sel);
         for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
         return lo + m + (t - hi);
