@@ -53,6 +53,8 @@ static const char usage_text[] =
     "      --context LIST    C (ppl; default 4096,8192), passkey lengths (default 1024,2048,4096,8192),\n"
     "                        ruler lengths (default 4096,8192,16384,32768)\n"
     "      --samples N       ruler: samples per (task, length) (default 1)\n"
+    "      --first-sample K  ruler: start at sample K (default 1): more samples of a table\n"
+    "                        without running the first ones again\n"
     "      --tasks LIST      ruler: these tasks only (default all 13)\n"
     "      --quick           ruler: four tasks (niah_single_2, niah_multikey_1, vt, qa_1) at 4096 and\n"
     "                        8192 tokens, budget 1024, policies default, full, stream: a smoke check\n"
@@ -384,7 +386,7 @@ int cmd_bench(int argc, char **argv)
         { "k", required_argument, 0, 'K' },       { "context", required_argument, 0, 'C' },
         { "tokens", required_argument, 0, 'N' },  { "steps", required_argument, 0, 'M' },
         { "samples", required_argument, 0, 'A' }, { "tasks", required_argument, 0, 'Q' },
-        { "windows", required_argument, 0, 'w' },
+        { "windows", required_argument, 0, 'w' }, { "first-sample", required_argument, 0, 'a' },
         { "quick", no_argument, 0, 'q' },
         { "depths", required_argument, 0, 'D' },  { "seeds", required_argument, 0, 'S' },
         { "csv", required_argument, 0, 'c' },     { "json", no_argument, 0, 'j' },
@@ -406,7 +408,7 @@ int cmd_bench(int argc, char **argv)
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 0;
     int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, show = 0, c;
-    long samples = 1, windows = 1;
+    long samples = 1, windows = 1, first_sample = 1;
     const char *task_list = NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "p:t:h", opts, NULL)) != -1) {
@@ -439,6 +441,7 @@ int cmd_bench(int argc, char **argv)
         case 'W': if (parse_float("--bandwidth", optarg, 0.1, 1e4, &bandwidth)) return EXIT_USAGE; break;
         case 'S': if (parse_int("--seeds", optarg, 1, 1000, &seeds)) return EXIT_USAGE; break;
         case 'A': if (parse_int("--samples", optarg, 1, 1000, &samples)) return EXIT_USAGE; break;
+        case 'a': if (parse_int("--first-sample", optarg, 1, 1000000, &first_sample)) return EXIT_USAGE; break;
         case 'w': if (parse_int("--windows", optarg, 1, 64, &windows)) return EXIT_USAGE; break;
         case 'Q': task_list = optarg; break;
         case 'q': quick = 1; break;
@@ -480,8 +483,8 @@ int cmd_bench(int argc, char **argv)
         for (int t = 0; t < ruler_task_count(); t++)
             if (ruler_task_quick(t)) ruler_tasks |= 1ull << t;
     }
-    if (!ruler && (task_list || quick || show || samples != 1))
-        return die_usage("--tasks, --quick, --show and --samples are for --task ruler");
+    if (!ruler && (task_list || quick || show || samples != 1 || first_sample != 1))
+        return die_usage("--tasks, --quick, --show, --samples and --first-sample are for --task ruler");
     if (windows != 1 && strcmp(task, "ppl")) return die_usage("--windows is for --task ppl");
     if (ruler && quick) {
         if (!policies) policies = "full,default,stream";
@@ -492,7 +495,7 @@ int cmd_bench(int argc, char **argv)
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
     bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = ruler ? (int)samples : (int)seeds,
                       .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer, .show = show,
-                      .windows = (int)windows };
+                      .windows = (int)windows, .first_sample = (int)first_sample };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if (cfg.n_k > PROFILE_MAX_K) return die_usage("at most %d values of --k", PROFILE_MAX_K);

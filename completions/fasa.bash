@@ -127,10 +127,11 @@ _fasa()
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
-              --tip --samples --tasks --quick --show --ids --rerank --target-mass --dense-budget --help"
+              --tip --samples --first-sample --windows --tasks --quick --show --ids --rerank --target-mass
+              --dense-budget --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
                  --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank --target-mass
-                 --dense-budget"
+                 --dense-budget --first-sample --windows"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;
@@ -140,7 +141,7 @@ _fasa()
             _fasa_list "$cur" "niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multikey_2
                                niah_multikey_3 niah_multivalue niah_multiquery vt cwe fwe qa_1 qa_2"
             return 0 ;;
-        --samples) return 0 ;;
+        --samples|--first-sample|--windows) return 0 ;;
         --policy)
             _fasa_list "$cur" "default full fasa fasa-1/8 fasa-1/4 fasa-group fasa-block fasa-nodense fasa-c fasa-m
                                oracle stream snapkv h2o quest random"

@@ -333,3 +333,34 @@ Test(cli, real_model_ruler_rows, .timeout = 1800)
     cr_expect_eq(fasa("bench /nonexistent.gguf --task ruler --tasks nope", &out, &err), 2);
     free(out); free(err);
 }
+
+/* The expected answers --show prints for sample k (a copy of the line, or NULL). */
+static char *shown_answers(const char *err, int k)
+{
+    char tag[32];
+    snprintf(tag, sizeof tag, "sample %d: ", k);
+    const char *at = strstr(err, tag), *e = at ? strstr(at, "expected:") : NULL, *end = e ? strchr(e, '\n') : NULL;
+    return end ? strndup(e, (size_t)(end - e)) : NULL;
+}
+
+/* --first-sample K runs sample K as --samples K runs it: the same question and answers */
+Test(cli, real_model_ruler_first_sample, .timeout = 600)
+{
+    const char *m = real_model();
+    if (!m) cr_skip_test("real_model_ruler_first_sample: default model not installed (run scripts/setup.sh)");
+    char *out, *err, *out2, *err2, args[1200];
+    snprintf(args, sizeof args, "bench %s --task ruler --tasks vt --context 1024 --policy full --samples 2 --show", m);
+    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    snprintf(args, sizeof args,
+             "bench %s --task ruler --tasks vt --context 1024 --policy full --first-sample 2 --samples 1 --show", m);
+    cr_assert_eq(fasa(args, &out2, &err2), 0, "%s", err2);
+    char *a1 = shown_answers(err, 1), *a2 = shown_answers(err, 2), *b2 = shown_answers(err2, 2);
+    cr_assert(a1 && a2 && b2, "no sample lines in: %s\n%s", err, err2);
+    cr_expect_str_eq(b2, a2, "sample 2 differs when run alone");
+    cr_expect_str_neq(a1, a2, "samples 1 and 2 ask the same");
+    cr_expect_null(strstr(err2, "sample 1: "), "--first-sample 2 ran sample 1");
+    free(a1), free(a2), free(b2);
+    free(out), free(err), free(out2), free(err2);
+    cr_expect_eq(fasa("bench /nonexistent.gguf --task ppl --first-sample 2", &out, &err), 2);
+    free(out), free(err);
+}

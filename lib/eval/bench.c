@@ -557,6 +557,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
 {
     if (!m->tok) return fasa_error(err, FASA_EARG, "ruler needs a model with a tokenizer");
     const int V = m->cfg.n_vocab, samples = cfg->seeds > 0 ? cfg->seeds : 1, T = ruler_task_count();
+    const int k0 = cfg->first_sample > 1 ? cfg->first_sample - 1 : 0;   /* sample k's seed: k0 + k + 1 */
     int n_tasks = 0;
     for (int t = 0; t < T; t++) n_tasks += !tasks || (tasks >> t & 1);
     /* the runs per sample: full once, every other policy at every budget */
@@ -580,7 +581,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                 ruler_sample smp;
                 const int L = cfg->contexts[li];
                 /* RULER's length holds the prompt and the answer to generate */
-                rc = ruler_generate(t, L - overhead - 128, (uint64_t)(k + 1) * 7919 + (uint64_t)L, count_tokens,
+                rc = ruler_generate(t, L - overhead - 128, (uint64_t)(k0 + k + 1) * 7919 + (uint64_t)L, count_tokens,
                                     (void *)m, &smp, err);
                 if (rc < 0) break;
                 int32_t *ids = NULL, *pre = NULL;
@@ -615,7 +616,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                 if (cfg->show) {
                     const size_t pl = strlen(smp.prompt);
                     fprintf(stderr, "ruler %s, %d tokens, sample %d: ...%s%s\n  expected:", ruler_task_name(t), n,
-                            k + 1, smp.prompt + (pl > 240 ? pl - 240 : 0), smp.answer_prefix);
+                            k0 + k + 1, smp.prompt + (pl > 240 ? pl - 240 : 0), smp.answer_prefix);
                     for (int a = 0; a < smp.n_answers; a++) fprintf(stderr, " \"%s\"", smp.answers[a]);
                     fputc('\n', stderr);
                 }

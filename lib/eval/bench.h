@@ -34,6 +34,7 @@ typedef struct bench_cfg {
     int windows;                          /* ppl: windows of the text per context, spread over it (0: 1) */
     int n_depth; double depths[BENCH_MAX];/* passkey */
     int seeds;                            /* passkey samples per (length, depth) */
+    int first_sample;                     /* ruler: the first sample's number (0: 1); samples first.. */
     int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
     int per_layer;                        /* ca: also rows per layer */
     int show;                             /* ruler: each sample's question, answers and outputs on stderr */
