@@ -367,3 +367,62 @@ Test(cli, real_model_ruler_first_sample, .timeout = 600)
     snprintf(args, sizeof args, "bench %s --task ruler --first-sample 0", m);
     expect_one_line_error(args, "--first-sample");
 }
+
+/* Runs "sh -c cmd" in dir; stdout and stderr into malloc'd strings; the exit status. */
+static int sh_in(const char *dir, const char *cmd, char **out, char **err)
+{
+    char full[4096], p[600];
+    snprintf(full, sizeof full, "%s >%s/out 2>%s/err </dev/null", cmd, dir, dir);
+    const int st = system(full);
+    char **dst[2] = { out, err };
+    const char *names[2] = { "out", "err" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        FILE *f = fopen(p, "rb");
+        char *buf = calloc(1, 1 << 16);
+        if (f) { size_t n = fread(buf, 1, (1 << 16) - 1, f); buf[n] = 0; fclose(f); }
+        *dst[i] = buf;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* examples/plot_ruler.py: two runs of one table over other samples (--first-sample) merge, each
+ * task weighted by its samples, and the mean over the tasks is taken again from the merged tasks
+ * (not from the runs' means, which differ when a run lacks a task); a file that is not bench
+ * output is one line naming it. */
+Test(cli, plot_ruler_merges_runs)
+{
+    if (system("python3 -c '' >/dev/null 2>&1") != 0) cr_skip_test("plot_ruler_merges_runs: python3 not installed");
+    char *dir = tmpdir_make(), p[600], cmd[2048], *out, *err;
+    snprintf(p, sizeof p, "%s/a.json", dir);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fputs("[{\"task\":\"a\",\"length\":4096,\"policy\":\"full\",\"budget\":0,\"score\":1,\"samples\":1},"
+          "{\"task\":\"b\",\"length\":4096,\"policy\":\"full\",\"budget\":0,\"score\":0.5,\"samples\":1},"
+          "{\"task\":\"mean\",\"length\":4096,\"policy\":\"full\",\"budget\":0,\"score\":0.75,\"samples\":1}]\n", f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/b.csv", dir);
+    cr_assert((f = fopen(p, "w")));
+    fputs("task,policy,budget,context,depth,value,layer,extra\n"
+          "a,full,0,4096,-1,0.000000,,3\nmean,full,0,4096,-1,0.000000,,3\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/b.csv --table", dir, dir);
+    cr_expect_eq(sh_in(dir, cmd, &out, &err), 0, "%s", err);
+    /* a: (1 + 3 x 0) / 4 over 4 samples; b: 0.5 over the first run's one; the mean over the
+     * tasks (0.25 + 0.5) / 2, where the runs' means weighted would give (0.75 + 3 x 0) / 4 */
+    cr_expect(strstr(out, "| 4,096 tokens, 1/4 samples | full |") != NULL, "%s", out);
+    cr_expect(strstr(out, "| a | 0.250 |") != NULL, "%s", out);
+    cr_expect(strstr(out, "| b | 0.500 |") != NULL, "%s", out);
+    cr_expect(strstr(out, "| mean | 0.375 |") != NULL, "%s", out);
+    free(out), free(err);
+    snprintf(p, sizeof p, "%s/c.json", dir);
+    cr_assert((f = fopen(p, "w")));
+    fputs("[1]\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/c.json --table", dir, dir);
+    cr_expect_eq(sh_in(dir, cmd, &out, &err), 1);
+    cr_expect_eq(count_lines(err), 1, "%s", err);
+    cr_expect(strstr(err, "c.json") != NULL, "%s", err);
+    free(out), free(err);
+    tmpdir_remove(dir);
+}
