@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import sys
 from collections import defaultdict
 
@@ -71,14 +72,15 @@ def series(rows, task):
 
 def table(rows):
     """A Markdown table per length: a row per task (in the files' order) and the mean; a column
-    per policy and budget; the sample count beside the length."""
+    per policy and budget; the sample counts (least to most, when the cells differ) in the corner."""
     for L in sorted({r["length"] for r in rows}):
         at = [r for r in rows if r["length"] == L]
         cols = list(dict.fromkeys(label(r) for r in at))
         tasks = [t for t in dict.fromkeys(r["task"] for r in at) if t != "mean"] + ["mean"]
         cell = {(r["task"], label(r)): r for r in at}
-        n = sorted({int(r["samples"]) if r["samples"] == int(r["samples"]) else r["samples"] for r in at if r["task"] != "mean"})
-        print(f"| {L:,} tokens, {'/'.join(map(str, n))} samples | " + " | ".join(cols) + " |")
+        n = [r["samples"] for r in at if r["task"] != "mean"]
+        count = f"{min(n):g}" if min(n) == max(n) else f"{min(n):g} to {max(n):g}"
+        print(f"| {L:,} tokens, {count} samples | " + " | ".join(cols) + " |")
         print("|---" * (len(cols) + 1) + "|")
         for t in tasks:
             print(f"| {t} | " + " | ".join(f'{cell[(t, c)]["score"]:.3f}' if (t, c) in cell else "-" for c in cols) + " |")
@@ -86,6 +88,7 @@ def table(rows):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `| head` ends it quietly, as a shell tool
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", nargs="+", help="JSON or CSV of fasa bench --task ruler, one or more runs")
     ap.add_argument("-o", "--output", default="ruler.png")

@@ -410,7 +410,7 @@ Test(cli, plot_ruler_merges_runs)
     cr_expect_eq(sh_in(dir, cmd, &out, &err), 0, "%s", err);
     /* a: (1 + 3 x 0) / 4 over 4 samples; b: 0.5 over the first run's one; the mean over the
      * tasks (0.25 + 0.5) / 2, where the runs' means weighted would give (0.75 + 3 x 0) / 4 */
-    cr_expect(strstr(out, "| 4,096 tokens, 1/4 samples | full |") != NULL, "%s", out);
+    cr_expect(strstr(out, "| 4,096 tokens, 1 to 4 samples | full |") != NULL, "%s", out);
     cr_expect(strstr(out, "| a | 0.250 |") != NULL, "%s", out);
     cr_expect(strstr(out, "| b | 0.500 |") != NULL, "%s", out);
     cr_expect(strstr(out, "| mean | 0.375 |") != NULL, "%s", out);
