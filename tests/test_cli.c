@@ -19,13 +19,14 @@ static const char *fasa_bin(void)
     return b && *b ? b : "bin/fasa";
 }
 
-/* Runs "fasa <args>", returns the exit status; stdout and stderr into malloc'd strings. */
-static int fasa(const char *args, char **out, char **err)
+/* Runs the shell command cmd, returns the exit status; stdout and stderr into malloc'd strings
+ * (NULL: dropped). */
+static int capture(const char *cmd, char **out, char **err)
 {
     char *dir = tmpdir_make();
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", fasa_bin(), args, dir, dir);
-    int st = system(cmd);
+    char full[8192 + 1024];
+    snprintf(full, sizeof full, "%s >%s/out 2>%s/err </dev/null", cmd, dir, dir);
+    int st = system(full);
     char p[600];
     char **dst[2] = { out, err };
     const char *names[2] = { "out", "err" };
@@ -38,6 +39,14 @@ static int fasa(const char *args, char **out, char **err)
     }
     tmpdir_remove(dir);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Runs "fasa <args>" as capture() does. */
+static int fasa(const char *args, char **out, char **err)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s", fasa_bin(), args);
+    return capture(cmd, out, err);
 }
 
 static int count_lines(const char *s)
@@ -368,24 +377,6 @@ Test(cli, real_model_ruler_first_sample, .timeout = 600)
     expect_one_line_error(args, "--first-sample");
 }
 
-/* Runs "sh -c cmd" in dir; stdout and stderr into malloc'd strings; the exit status. */
-static int sh_in(const char *dir, const char *cmd, char **out, char **err)
-{
-    char full[4096], p[600];
-    snprintf(full, sizeof full, "%s >%s/out 2>%s/err </dev/null", cmd, dir, dir);
-    const int st = system(full);
-    char **dst[2] = { out, err };
-    const char *names[2] = { "out", "err" };
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        FILE *f = fopen(p, "rb");
-        char *buf = calloc(1, 1 << 16);
-        if (f) { size_t n = fread(buf, 1, (1 << 16) - 1, f); buf[n] = 0; fclose(f); }
-        *dst[i] = buf;
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 /* examples/plot_ruler.py: two runs of one table over other samples (--first-sample) merge, each
  * task weighted by its samples, and the mean over the tasks is taken again from the merged tasks
  * (not from the runs' means, which differ when a run lacks a task); a file that is not bench
@@ -407,7 +398,7 @@ Test(cli, plot_ruler_merges_runs)
           "a,full,0,4096,-1,0.000000,,3\nmean,full,0,4096,-1,0.000000,,3\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/b.csv --table", dir, dir);
-    cr_expect_eq(sh_in(dir, cmd, &out, &err), 0, "%s", err);
+    cr_expect_eq(capture(cmd, &out, &err), 0, "%s", err);
     /* a: (1 + 3 x 0) / 4 over 4 samples; b: 0.5 over the first run's one; the mean over the
      * tasks (0.25 + 0.5) / 2, where the runs' means weighted would give (0.75 + 3 x 0) / 4 */
     cr_expect(strstr(out, "| 4,096 tokens, 1 to 4 samples | full |") != NULL, "%s", out);
@@ -420,7 +411,7 @@ Test(cli, plot_ruler_merges_runs)
     fputs("[1]\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/c.json --table", dir, dir);
-    cr_expect_eq(sh_in(dir, cmd, &out, &err), 1);
+    cr_expect_eq(capture(cmd, &out, &err), 1);
     cr_expect_eq(count_lines(err), 1, "%s", err);
     cr_expect(strstr(err, "c.json") != NULL, "%s", err);
     free(out), free(err);
