@@ -31,7 +31,9 @@ static const char usage_text[] =
     "\n"
     "  -p, --profile FILE    calibration profile (default: MODEL's .profile.json when present)\n"
     "      --task T          ca: compound contextual agreement per K; ppl: perplexity after a\n"
-    "                        dense prefill of C - M tokens and M decode steps under the policy;\n"
+    "                        dense prefill of C - M tokens and M decode steps under the policy\n"
+    "                        (with full in the list, also each step's KL to full attention's\n"
+    "                        next-token distribution and how often its top token is full's);\n"
     "                        passkey: retrieval of a key hidden at a depth in filler text;\n"
     "                        ruler: RULER's 13 long-context tasks (needles, variable tracking,\n"
     "                        word extraction, QA), generated here, prefilled once per sample and\n"
@@ -588,6 +590,8 @@ int cmd_bench(int argc, char **argv)
                 if (rows[i].depth >= 0) cJSON_AddNumberToObject(o, "depth", rows[i].depth);
                 cJSON_AddNumberToObject(o, "value", rows[i].value);
                 if (rows[i].tokens > 0) cJSON_AddNumberToObject(o, "tokens_per_query", rows[i].tokens);
+                if (rows[i].kl >= 0) cJSON_AddNumberToObject(o, "kl_to_full", rows[i].kl);
+                if (rows[i].agree >= 0) cJSON_AddNumberToObject(o, "top1_as_full", rows[i].agree);
             }
             cJSON_AddItemToArray(a, o);
         }
@@ -628,14 +632,20 @@ int cmd_bench(int argc, char **argv)
         for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;
         int tw = 8;   /* the widest task name */
         for (int i = 0; i < n_rows; i++) tw = (int)strlen(rows[i].task) > tw ? (int)strlen(rows[i].task) : tw;
-        printf("%-*s %-*s %8s %8s %6s %10s %8s\n", tw, "task", w, "policy", "budget", "context", "depth", "value",
+        int fid = 0;   /* ppl beside full attention: KL to it and top-1 agreement columns */
+        for (int i = 0; i < n_rows; i++) fid |= rows[i].kl >= 0;
+        printf("%-*s %-*s %8s %8s %6s %10s %8s", tw, "task", w, "policy", "budget", "context", "depth", "value",
                "tokens");
+        printf(fid ? " %9s %8s\n" : "\n", "kl_full", "top1_%");
         for (int i = 0; i < n_rows; i++) {
-            char depth[16] = "-", tokens[16] = "-";
+            char depth[16] = "-", tokens[16] = "-", kl[16] = "-", agree[16] = "-";
             if (rows[i].depth >= 0) snprintf(depth, sizeof depth, "%.2f", rows[i].depth);
             if (rows[i].tokens > 0) snprintf(tokens, sizeof tokens, "%.1f", rows[i].tokens);
-            printf("%-*s %-*s %8d %8d %6s %10.4f %8s\n", tw, rows[i].task, w, rows[i].policy, rows[i].budget,
+            if (rows[i].kl >= 0) snprintf(kl, sizeof kl, "%.5f", rows[i].kl);
+            if (rows[i].agree >= 0) snprintf(agree, sizeof agree, "%.2f", 100 * rows[i].agree);
+            printf("%-*s %-*s %8d %8d %6s %10.4f %8s", tw, rows[i].task, w, rows[i].policy, rows[i].budget,
                    rows[i].context, depth, rows[i].value, tokens);
+            printf(fid ? " %9s %8s\n" : "\n", kl, agree);
         }
     }
     fprintf(stderr, "fasa: bench %s: %d rows in %.1f s on %d threads\n", task, n_rows, secs, omp_get_max_threads());

@@ -428,6 +428,42 @@ Test(attention, ppl_windows_average_the_windows, .timeout = 120)
     env_close(&e);
 }
 
+/* bench_ppl beside full attention: each other policy's KL to full's next-token distribution and
+ * its top-1 agreement. A budget holding every token is full attention (KL 0, agreement 1); a
+ * small one departs from it; where full sits in the list changes nothing; without full in the
+ * list nothing is measured (-1). */
+Test(attention, ppl_kl_to_full, .timeout = 120)
+{
+    env e;
+    env_open(&e, 45);
+    char err[FASA_ERRLEN];
+    bench_row *r[3] = { NULL, NULL, NULL };
+    int n_r[3] = { 0, 0, 0 };
+    const char *lists[3][2] = { { "full", "oracle" }, { "oracle", "full" }, { "oracle", "stream" } };
+    for (int l = 0; l < 3; l++) {
+        bench_cfg cfg = { .steps = 24, .n_budget = 2, .budgets = { 8, 512 }, .n_ctx = 1, .contexts = { 96 } };
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(bench_policy_parse(lists[l][i], e.m, &e.p, &cfg.policies[cfg.n_policy++], err), 0, "%s", err);
+        cr_assert_eq(bench_ppl(e.m, e.ids, 240, &cfg, &r[l], &n_r[l], err), 0, "%s", err);
+    }
+    cr_assert_eq(n_r[0], 3);
+    cr_assert_eq(n_r[1], 3);
+    const bench_row *full = &r[0][0], *small = &r[0][1], *all = &r[0][2];
+    cr_expect_eq(full->kl, -1);
+    cr_expect_gt(small->kl, 1e-6, "oracle at 8 of 96 tokens: KL %g", small->kl);
+    cr_expect_lt(small->agree, 1.0);
+    cr_expect_geq(small->agree, 0.0);
+    cr_expect_float_eq(all->kl, 0.0, 1e-9, "oracle over every token: KL %g", all->kl);
+    cr_expect_float_eq(all->agree, 1.0, 1e-12);
+    /* full second: the same figures in the list's order */
+    cr_expect_float_eq(r[1][0].kl, small->kl, 1e-12);
+    cr_expect_float_eq(r[1][0].agree, small->agree, 1e-12);
+    cr_expect_eq(r[1][2].kl, -1);
+    for (int i = 0; i < n_r[2]; i++) cr_expect_eq(r[2][i].kl, -1, "no full in the list: row %d measured", i);
+    for (int l = 0; l < 3; l++) free(r[l]);
+    env_close(&e);
+}
+
 Test(attention, oracle_ca_bounds_every_policy, .timeout = 120)
 {
     env e;

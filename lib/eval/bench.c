@@ -126,6 +126,7 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
     snprintf(x->task, sizeof x->task, "%s", task);
     snprintf(x->policy, sizeof x->policy, "%s", policy);
     x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth, x->layer = -1;
+    x->kl = x->agree = -1;
     return 0;
 }
 
@@ -280,13 +281,27 @@ out:
 
 /* ---------------------------------------------------------------- perplexity */
 
-static double nll_of(const float *logits, int n_vocab, int target)
+static double log_sum_exp(const float *logits, int n_vocab)
 {
     float mx = logits[0];
     for (int i = 1; i < n_vocab; i++) if (logits[i] > mx) mx = logits[i];
     double sum = 0;
     for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    return log(sum) + mx - logits[target];
+    return log(sum) + mx;
+}
+
+static double nll_of(const float *logits, int n_vocab, int target)
+{
+    return log_sum_exp(logits, n_vocab) - logits[target];
+}
+
+/* KL(ref || p) in nats: ref as log-probabilities, p as logits. */
+static double kl_of(const float *ref, const float *logits, int n_vocab)
+{
+    const double lse = log_sum_exp(logits, n_vocab);
+    double kl = 0;
+    for (int i = 0; i < n_vocab; i++) kl += exp((double)ref[i]) * (ref[i] - (logits[i] - lse));
+    return kl;
 }
 
 /* Snapshot of the statistics prefill leaves behind, so each policy starts from the same state. */
@@ -323,14 +338,24 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
         if (C + 1 > n) return fasa_error(err, FASA_EARG, "context %d needs %d tokens of text; it has %d", C, C + 1, n);
         if (C - M < 1) return fasa_error(err, FASA_EARG, "context %d is not longer than %d steps", C, M);
     }
+    /* with full attention in the list it runs first in each window, and its next-token
+     * distributions (M x V log-probabilities) are what the others are compared with */
+    int fi = -1;
+    for (int pi = cfg->n_policy - 1; pi >= 0; pi--)
+        if (cfg->policies[pi].o.kind == POLICY_FULL) fi = pi;
+    const int fid = fi >= 0 && cfg->n_policy > 1;
     double *nll = malloc(sizeof *nll * runs), *sel = malloc(sizeof *sel * runs);
-    if (!nll || !sel) {
-        free(nll), free(sel);
+    double *kl = calloc(runs, sizeof *kl), *agree = calloc(runs, sizeof *agree);
+    float *ref = fid ? malloc(sizeof *ref * M * (size_t)V) : NULL;
+    int *ref_top = fid ? malloc(sizeof *ref_top * M) : NULL;
+    if (!nll || !sel || !kl || !agree || (fid && (!ref || !ref_top))) {
+        free(nll), free(sel), free(kl), free(agree), free(ref), free(ref_top);
         return fasa_error(err, FASA_ENOMEM, "out of memory");
     }
     for (int ci = 0; ci < cfg->n_ctx && rc == 0; ci++) {
         const int C = cfg->contexts[ci], P = C - M;
         memset(nll, 0, sizeof *nll * runs), memset(sel, 0, sizeof *sel * runs);
+        memset(kl, 0, sizeof *kl * runs), memset(agree, 0, sizeof *agree * runs);
         /* window w: the C tokens from an offset spread evenly over the text (the first at 0),
          * each with its own cache and statistics */
         for (int w = 0; w < W && rc == 0; w++) {
@@ -349,7 +374,8 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
             stats_snap sn = { 0 };
             if ((rc = model_prefill(m, s, x, P, NULL, err)) < 0) goto next;
             snap_take(&sn, &st);
-            for (int pi = 0; pi < cfg->n_policy && rc == 0; pi++) {
+            for (int k = 0; k < cfg->n_policy && rc == 0; k++) {
+                const int pi = fi < 0 ? k : k == 0 ? fi : k <= fi ? k - 1 : k;   /* full first */
                 const bench_policy *bp = &cfg->policies[pi];
                 const int nb_budget = bp->o.kind == POLICY_FULL ? 1 : cfg->n_budget;
                 for (int bi = 0; bi < nb_budget && rc == 0; bi++) {
@@ -368,8 +394,20 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                     for (int i = 0; i < M && rc == 0; i += batch) {
                         int nb = M - i < batch ? M - i : batch;
                         rc = model_forward(m, s, x + P + i, nb, 1, err);
-                        for (int j = 0; j < nb && rc == 0; j++)
-                            nll[pi * cfg->n_budget + bi] += nll_of(s->logits + (size_t)j * V, V, x[P + i + j + 1]);
+                        for (int j = 0; j < nb && rc == 0; j++) {
+                            const float *lg = s->logits + (size_t)j * V;
+                            const int r = pi * cfg->n_budget + bi, step = i + j;
+                            nll[r] += nll_of(lg, V, x[P + step + 1]);
+                            if (!fid) continue;
+                            if (pi == fi) {
+                                const double lse = log_sum_exp(lg, V);
+                                for (int v = 0; v < V; v++) ref[(size_t)step * V + v] = (float)(lg[v] - lse);
+                                ref_top[step] = sampler_argmax(lg, V);
+                            } else {
+                                kl[r] += kl_of(ref + (size_t)step * V, lg, V);
+                                agree[r] += sampler_argmax(lg, V) == ref_top[step];
+                            }
+                        }
                     }
                     attention_use_policy(s, NULL, 0, NULL);
                     sel[pi * cfg->n_budget + bi] += policy_selected(&pol, NULL) / W;
@@ -392,11 +430,16 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                     rc = fasa_error(err, FASA_ENOMEM, "out of memory");
                     break;
                 }
-                (*rows)[*n_rows - 1].tokens = sel[pi * cfg->n_budget + bi];
+                bench_row *row = &(*rows)[*n_rows - 1];
+                row->tokens = sel[pi * cfg->n_budget + bi];
+                if (fid && pi != fi) {
+                    row->kl = kl[pi * cfg->n_budget + bi] / ((double)M * W);
+                    row->agree = agree[pi * cfg->n_budget + bi] / ((double)M * W);
+                }
             }
         }
     }
-    free(nll), free(sel);
+    free(nll), free(sel), free(kl), free(agree), free(ref), free(ref_top);
     return rc < 0 ? rc : 0;
 }
 

@@ -50,6 +50,9 @@ typedef struct bench_row {
     double value;            /* ca in [0,1]; ppl; passkey accuracy in [0,1] */
     double extra;            /* ppl: mean NLL; passkey: samples; ca: steps x layers x heads */
     double tokens;           /* ppl: mean tokens a sparse query attended to (0: dense) */
+    double kl, agree;        /* ppl beside full attention: mean KL(full || policy) of a step's next-token
+                              * distribution, in nats, and the share of steps whose top token is full's;
+                              * -1 when not measured (no full policy in the run, or full itself) */
 } bench_row;
 
 /* Parses a policy spec: full, oracle, stream, snapkv, h2o, quest, random, fasa, and fasa
