@@ -290,15 +290,9 @@ static double log_sum_exp(const float *logits, int n_vocab)
     return log(sum) + mx;
 }
 
-static double nll_of(const float *logits, int n_vocab, int target)
+/* KL(ref || p) in nats: ref as log-probabilities, p as logits whose log-sum-exp is lse. */
+static double kl_of(const float *ref, const float *logits, double lse, int n_vocab)
 {
-    return log_sum_exp(logits, n_vocab) - logits[target];
-}
-
-/* KL(ref || p) in nats: ref as log-probabilities, p as logits. */
-static double kl_of(const float *ref, const float *logits, int n_vocab)
-{
-    const double lse = log_sum_exp(logits, n_vocab);
     double kl = 0;
     for (int i = 0; i < n_vocab; i++) kl += exp((double)ref[i]) * (ref[i] - (logits[i] - lse));
     return kl;
@@ -397,14 +391,14 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                         for (int j = 0; j < nb && rc == 0; j++) {
                             const float *lg = s->logits + (size_t)j * V;
                             const int r = pi * cfg->n_budget + bi, step = i + j;
-                            nll[r] += nll_of(lg, V, x[P + step + 1]);
+                            const double lse = log_sum_exp(lg, V);   /* once: NLL, reference, KL */
+                            nll[r] += lse - lg[x[P + step + 1]];
                             if (!fid) continue;
                             if (pi == fi) {
-                                const double lse = log_sum_exp(lg, V);
                                 for (int v = 0; v < V; v++) ref[(size_t)step * V + v] = (float)(lg[v] - lse);
                                 ref_top[step] = sampler_argmax(lg, V);
                             } else {
-                                kl[r] += kl_of(ref + (size_t)step * V, lg, V);
+                                kl[r] += kl_of(ref + (size_t)step * V, lg, lse, V);
                                 agree[r] += sampler_argmax(lg, V) == ref_top[step];
                             }
                         }
