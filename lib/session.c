@@ -168,6 +168,9 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     if (o->n_sink >= 0) po->n_sink = o->n_sink;
     if (o->n_recent >= 0) po->n_recent = o->n_recent;
     po->tip_bits = o->tip == FASA_TIP_Q4 && !o->group ? 4 : 0;
+    /* every head scores its group's whole copy: chosen on the calibration text by KL to full
+     * attention (README, "Every head over its group's whole copy"); the same bytes and kernel */
+    po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
@@ -225,9 +228,10 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
     if (po->tip_bits) {
         const int tw = ss->pol.tip_width, lg = c->n_layer * c->n_kv_head;
         snprintf(tip, sizeof tip,
-                 "TIP: each head's own chunks, from a 4-bit copy of its group's union (%d dims at most, %.1f "
-                 "bytes a key on average)",
-                 tw, (double)kvcache_tip_map_bytes(ss->pol.tip_map, (size_t)lg, tw) / lg);
+                 "TIP: %s 4-bit copy of its group's union of chunks (%d dims at most, %.1f bytes a key on "
+                 "average)",
+                 po->tip_union ? "every head over a" : "each head's own chunks, from a", tw,
+                 (double)kvcache_tip_map_bytes(ss->pol.tip_map, (size_t)lg, tw) / lg);
     } else
         snprintf(tip, sizeof tip, "%s",
                  po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"

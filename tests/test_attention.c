@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "ops.h"
 #include "sampler.h"
+#include "session.h"
 
 typedef struct env { tiny_model t; char *dir; model *m; profile p; int32_t ids[300]; } env;
 
@@ -1013,6 +1014,32 @@ Test(attention, tip_copy_of_another_map_is_not_read, .timeout = 60)
     cr_expect_eq(at, -1, "step %d: b decodes otherwise over a's copy than over its own", at);
     free(out[0]), free(out[1]);
     policy_free(&pa), policy_free(&pb);
+    env_close(&e);
+}
+
+/* What `fasa run` selects without flags scores every head over its group's whole 4-bit copy (the
+ * calibration text's choice); bench's `default` is that, `default-own` the previous default,
+ * and the f16 layouts (`--tip group`) have no copy to cover. */
+Test(attention, default_tip_covers_the_group_copy)
+{
+    env e;
+    env_open(&e, 50);
+    char err[FASA_ERRLEN];
+    session_opts so = session_defaults();
+    policy_opts po;
+    session_policy_opts(e.m, &e.p, &so, &po);
+    cr_expect_eq(po.tip_bits, 4);
+    cr_expect_eq(po.tip_union, 1, "the default scores each head's own chunks only");
+    so.tip = FASA_TIP_GROUP;
+    session_policy_opts(e.m, &e.p, &so, &po);
+    cr_expect_eq(po.tip_union, 0, "--tip group has no 4-bit copy");
+    const char *names[] = { "default", "default-own", "default-u", "fasa-q4", "fasa-q4-u", "fasa-q4-own" };
+    const int want[] = { 1, 0, 1, 0, 1, 0 };
+    for (int i = 0; i < 6; i++) {
+        bench_policy bp;
+        cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
+        cr_expect_eq(bp.o.tip_union, want[i], "%s", names[i]);
+    }
     env_close(&e);
 }
 

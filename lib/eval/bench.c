@@ -24,7 +24,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
-        /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense) */
+        /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
+         * -own) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -34,6 +35,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         if (v.o.rerank) out->o.rerank = v.o.rerank;
         if (v.o.tip_union) out->o.tip_union = 1;
+        if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
@@ -73,6 +75,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         }
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
+        else if (!strcmp(dash, "-own")) tip_union = 0;   /* with the copy: every head its own chunks */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
             const double v = strtod(dash + 2, &end);
