@@ -71,6 +71,7 @@ static const char usage_text[] =
     "                        (default), group, union\n"
     "      --per-head        speed: the same as --tip union (older name)\n"
     "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
+    "      --group-rerank R  speed: as 'fasa run --group-rerank' (ppl, passkey, ruler: default-gxR)\n"
     "      --dense-budget N  speed: fasa-c's and fasa-m's dense layers as 'fasa run --dense-budget'\n"
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
@@ -200,6 +201,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
  * caller), or -1 after saying why. */
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
+static long group_rerank = -1; /* --group-rerank (speed) */
 static int dense_budget = SESSION_DENSE_BUDGET; /* --dense-budget (speed) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
@@ -234,6 +236,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.kv_f16 = kv_f16;
     cfg.tip = tip;
     cfg.rerank = (int)rerank;
+    cfg.group_rerank = (int)group_rerank;
     cfg.dense_budget = dense_budget;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -401,6 +404,7 @@ int cmd_bench(int argc, char **argv)
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
         { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
+        { "group-rerank", required_argument, 0, 'g' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -436,6 +440,7 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
+        case 'g': if (parse_int("--group-rerank", optarg, 0, 64, &group_rerank)) return EXIT_USAGE; break;
         case 'd': if (parse_dense_budget(optarg, &dense_budget)) return EXIT_USAGE; break;
         case 'm':
             if (parse_float("--target-mass", optarg, 1e-3, 0.999, &target_mass)) return EXIT_USAGE;

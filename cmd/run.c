@@ -41,14 +41,18 @@ static const char usage_text[] =
     "      --recent N        fasa: so are the last N (default: half the budget); the budget\n"
     "                        includes both. Chosen on the calibration text: README, Accuracy\n"
     "      --group           fasa: one selection per KV head (sum of its query heads' scores)\n"
-    "      --tip T           fasa: what the token importance predictor reads. q4 (default): each\n"
-    "                        head's own top F chunks, from a 4-bit copy of its KV group's union of\n"
-    "                        them; group: the group's top F chunks for all its heads, an f16 block\n"
+    "      --tip T           fasa: what the token importance predictor reads. q4 (default): a\n"
+    "                        4-bit copy of the union of its KV group's heads' top F chunks, every\n"
+    "                        head scoring all of it; group: the group's top F chunks for all its\n"
+    "                        heads, an f16 block\n"
     "                        (faster to score, less accurate on long text); union: each head's own\n"
     "                        chunks in an f16 block of the union. README, Accuracy\n"
     "      --per-head        the same as --tip union (older name)\n"
     "      --rerank R        fasa: TIP picks R times the tokens it chooses and their exact scores\n"
     "                        (the whole keys) keep the best (0 or 1: off)\n"
+    "      --group-rerank R  fasa, --tip q4: TIP picks R times the tokens per head, and every head\n"
+    "                        keeps the best of its KV group's union of picks by exact scores (0:\n"
+    "                        off, the default; not with --rerank or --budget auto)\n"
     "      --exact           every weight product in f32 over dequantised rows (activations not\n"
     "                        rounded to integers as the fast kernels do; slower): what an f32\n"
     "                        reference on the dequantised weights computes (make verify)\n"
@@ -82,7 +86,8 @@ static const char usage_text[] =
 enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW, OPT_SYSTEM,
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_EXACT, OPT_KV_TYPE, OPT_DENSE_LIST,
-       OPT_DENSE_BUDGET, OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK };
+       OPT_DENSE_BUDGET, OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK,
+       OPT_GROUP_RERANK };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -103,6 +108,7 @@ static const struct option long_opts[] = {
     { "dense", required_argument, 0, OPT_DENSE_LIST }, { "sinks", required_argument, 0, OPT_SINKS },
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
     { "rerank", required_argument, 0, OPT_RERANK },
+    { "group-rerank", required_argument, 0, OPT_GROUP_RERANK },
     { "target-mass", required_argument, 0, OPT_MASS }, { "dense-budget", required_argument, 0, OPT_DENSE_BUDGET },
     { 0, 0, 0, 0 },
 };
@@ -218,6 +224,10 @@ int cmd_run(int argc, char **argv)
         case OPT_RERANK:
             if (parse_int("--rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
             so.rerank = (int)v;
+            break;
+        case OPT_GROUP_RERANK:
+            if (parse_int("--group-rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
+            so.group_rerank = (int)v;
             break;
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_EXACT: so.exact = 1; break;

@@ -172,6 +172,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
      * attention (README, "Every head over its group's whole copy"); the same bytes and kernel */
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
+    po->group_rerank = o->group_rerank;
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
@@ -187,6 +188,8 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
+    if (po.group_rerank && (!po.tip_bits || po.auto_mass > 0 || po.rerank > 1))
+        return fasa_error(err, FASA_EARG, "--group-rerank takes --tip q4 and a fixed budget, without --rerank");
     if (!po.tip_bits) {
         /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
          * in every key, stored as their own block */
@@ -252,6 +255,10 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
              fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
              po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense, wide,
              o->group ? ", per-KV-head selection" : "", tip);
+    if (po->rerank > 1 || po->group_rerank > 0)
+        snprintf(ss->note + strlen(ss->note) - 1, sizeof ss->note - strlen(ss->note) + 1, "; %s %dx)",
+                 po->group_rerank > 0 ? "the group's picks reranked" : "TIP's picks reranked",
+                 po->group_rerank > 0 ? po->group_rerank : po->rerank);
     return 0;
 }
 

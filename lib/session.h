@@ -74,6 +74,8 @@ typedef struct session_opts {
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
     int rerank;                /* > 1: TIP picks rerank times N - forced tokens, exact scores keep the best */
+    int group_rerank;          /* >= 1: TIP picks group_rerank times that per head, each head keeps the
+                                * best of its KV group's union by exact scores (policy_opts) */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
     int exact;                 /* every weight product in f32, x not rounded (ops_exact) */
     /* the KV cache */

@@ -975,6 +975,65 @@ Test(attention, attend_hook_gets_the_same_rows, .timeout = 60)
     env_close(&e);
 }
 
+/* Group rerank (policy_opts.group_rerank): the union of a KV group's picks, each head's best of it
+ * by exact scores, the same on the fused decode step, the per-query path reading the step's TIP
+ * rows, and the hook's path scoring the other heads itself; with picks covering every row it
+ * selects as exact keys do, and with R = 1 otherwise than each head's own picks. */
+Test(attention, group_rerank_routes_agree, .timeout = 60)
+{
+    env e;
+    env_open(&e, 51);
+    char err[FASA_ERRLEN];
+    const model_config *c = &e.m->cfg;
+    const size_t V = c->n_vocab;
+    policy pol[4];   /* R = 1, R = 100, no rerank, exact keys */
+    policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
+    o.prof = &e.p, o.fcs = 2, o.n_dense_layers = 1, o.tip_bits = 4, o.tip_union = 1, o.group_rerank = 1;
+    cr_assert_eq(policy_init(&pol[0], e.m, &o, err), 0, "%s", err);
+    o.group_rerank = 100;
+    cr_assert_eq(policy_init(&pol[1], e.m, &o, err), 0, "%s", err);
+    o.group_rerank = 0;
+    cr_assert_eq(policy_init(&pol[2], e.m, &o, err), 0, "%s", err);
+    o.tip_bits = 0, o.tip_union = 0, o.fcs = c->d_head / 2;
+    cr_assert_eq(policy_init(&pol[3], e.m, &o, err), 0, "%s", err);
+    ops_threads_adaptive(0);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        omp_set_num_threads(nt);
+        double sel[2];
+        float *fused = decode_40(&e, &pol[0], 0, &sel[0]), *per_query = decode_40(&e, &pol[0], 1, &sel[1]);
+        cr_expect_leq(max_rel(fused, per_query, 40 * V), 1e-4, "%d threads: fused and per-query differ (%g)", nt,
+                      max_rel(fused, per_query, 40 * V));
+        cr_expect_float_eq(sel[0], sel[1], 1e-9);
+        /* the hook's path (over an f32 cache, which the hook reads): no TIP rows from the step,
+         * each head scores its group's others; against the per-query path over the same cache */
+        static const attn_obs watch = { .on_query = noop_query };
+        float *f32[2];
+        for (int k = 0; k < 2; k++) {
+            kv_opts ko = { 0 };
+            policy_kv_opts(&pol[0], &ko);
+            run_state *s = prefilled(&e, &ko, &pol[0]);
+            if (k) s->attend_hook = cpu_hook, s->attend_ctx = (void *)(intptr_t)(c->n_head / c->n_kv_head);
+            else s->obs = &watch;
+            f32[k] = malloc(sizeof(float) * 40 * V);
+            for (int i = 200; i < 240; i++) {
+                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
+                memcpy(f32[k] + (i - 200) * V, s->logits, sizeof(float) * V);
+            }
+            run_state_free(s);
+        }
+        cr_expect_leq(max_rel(f32[0], f32[1], 40 * V), 1e-4, "%d threads: the hook's path differs (%g; step %d)", nt,
+                      max_rel(f32[0], f32[1], 40 * V), first_diff(f32[0], f32[1], 40, V));
+        float *all = decode_40(&e, &pol[1], 0, &sel[0]), *own = decode_40(&e, &pol[2], 0, &sel[0]);
+        float *exact = decode_40(&e, &pol[3], 0, &sel[0]);
+        cr_expect_leq(max_rel(all, exact, 40 * V), 1e-4, "%d threads: every row reranked is not exact keys (%g)", nt,
+                      max_rel(all, exact, 40 * V));
+        cr_expect_gt(max_rel(fused, own, 40 * V), 1e-3, "%d threads: the union chose as each head's own picks", nt);
+        free(fused), free(per_query), free(f32[0]), free(f32[1]), free(all), free(own), free(exact);
+    }
+    for (int k = 0; k < 4; k++) policy_free(&pol[k]);
+    env_close(&e);
+}
+
 /* A cache whose TIP copy holds another policy's map (RULER's shared prefill: the first 4-bit
  * policy's copy) is not read by a policy of another F even when the widths match: that policy
  * rounds the keys itself, the same scores, and decodes as it does over a cache of its own copy

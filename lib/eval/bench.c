@@ -13,6 +13,16 @@
 #include "session.h"
 #include "topk.h"
 
+/* -gxR: every head keeps the best of its group's union of picks, which needs the 4-bit copy (every
+ * head's TIP scores in one pass) and a fixed budget. */
+static int rerank_check(const char *spec, const policy_opts *o, char *err)
+{
+    if (o->group_rerank && (!o->tip_bits || o->group || o->auto_mass > 0 || o->rerank > 1))
+        return fasa_error(err, FASA_EARG, "policy '%s': -gxR takes the 4-bit TIP copy (default, fasa-q4) and a "
+                          "fixed budget, without -xR", spec);
+    return 0;
+}
+
 int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
 {
     char base[48];
@@ -28,23 +38,24 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
          * -own) */
         bench_policy v;
         char alt[48];
-        snprintf(alt, sizeof alt, "fasa%s", spec + 7);
+        snprintf(alt, sizeof alt, "fasa-q4%s", spec + 7);   /* -q4: as the default reads TIP */
         int rc = bench_policy_parse(alt, m, prof, &v, err);
         if (rc < 0) return rc;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         if (v.o.rerank) out->o.rerank = v.o.rerank;
+        if (v.o.group_rerank) out->o.group_rerank = v.o.group_rerank;
         if (v.o.tip_union) out->o.tip_union = 1;
         if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
-        return 0;
+        return rerank_check(spec, &out->o, err);
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
     int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0, tip_union = 0;
-    int auto_min = 64, rerank = 0, dense_budget = 0;
+    int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
@@ -85,6 +96,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         }
         else if (!strncmp(dash, "-min", 4) && dash[4] >= '0' && dash[4] <= '9') auto_min = atoi(dash + 4);
         else if (dash[1] == 'x' && dash[2] >= '2' && dash[2] <= '9' && !dash[3]) rerank = dash[2] - '0';
+        else if (!strncmp(dash, "-gx", 3) && dash[3] >= '1' && dash[3] <= '9' && !dash[4]) group_rerank = dash[3] - '0';
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
@@ -108,6 +120,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.auto_mass = auto_mass;
     out->o.auto_min = auto_min;
     out->o.rerank = rerank;
+    out->o.group_rerank = group_rerank;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     out->o.dense_budget = dense_budget;
@@ -115,7 +128,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     if (recent >= 0) out->o.n_recent = recent;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
-    return 0;
+    return rerank_check(spec, &out->o, err);
 }
 
 static int add_row(bench_row **rows, int *n, const char *task, const char *policy, int budget, int context,
@@ -219,7 +232,8 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
         c.full[t] = malloc(sizeof(float) * n);
         c.prob[t] = malloc(sizeof(float) * n);
         c.bucket[t] = malloc(n);
-        c.keys[t] = malloc(sizeof(uint64_t) * (5 * (size_t)n + 256));   /* + rerank's 3 n floats */
+        /* 3 n + 256 keys, then a rerank's scratch (its marks zero) */
+        c.keys[t] = calloc(3 * (size_t)n + 256 + (POLICY_RR_FLOATS(n) + 1) / 2, sizeof(uint64_t));
         c.idx[t] = malloc(sizeof(int32_t) * n);
         c.score[t] = malloc(sizeof(float) * n);
         ok = c.full[t] && c.prob[t] && c.bucket[t] && c.keys[t] && c.idx[t] && c.score[t];

@@ -39,6 +39,7 @@ speed_cfg speed_defaults(void)
     c.repeats = 5;
     c.n_fill = 512;
     c.rerank = -1;
+    c.group_rerank = -1;
     c.dense_budget = SESSION_DENSE_BUDGET;
     return c;
 }
@@ -143,6 +144,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     so.budget = cfg->budget, so.fcs = fcs, so.tip = cfg->tip, so.kv_cold = cfg->cold_dir;
     so.target_mass = cfg->target_mass;
     if (cfg->rerank >= 0) so.rerank = cfg->rerank;
+    if (cfg->group_rerank >= 0) so.group_rerank = cfg->group_rerank;
     so.dense_budget = cfg->dense_budget;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");

@@ -220,7 +220,7 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             idx = p->idx + (size_t)tid * p->n_ctx;
             policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
                                   tip ? p->tip + (size_t)h * p->tip_ld : NULL,
-                                  p->rr ? p->rr + (size_t)tid * 3 * p->n_ctx : NULL };
+                                  p->rr ? p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx) : NULL };
             n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, policy_layer_budget(&p->o, l), idx,
                                   &sc);
             if (n_sel >= 0) policy_count(p, tid, n_sel);
@@ -265,10 +265,11 @@ static int tip_block_ok(const model *m, const run_state *s)
             (!p->o.tip_bits && p->o.block == 2 && p->dom_end <= ns));
 }
 
-/* How many rows TIP picks per head for `keep` chosen among `room`: keep, or rerank times it. */
+/* How many rows TIP picks per head for `keep` chosen among `room`: keep, or (group_)rerank times it. */
 static int tip_picks(const policy *p, int keep, int room)
 {
-    const int n = p->o.rerank > 1 ? keep * p->o.rerank : keep;
+    const int r = p->o.group_rerank > 0 ? p->o.group_rerank : p->o.rerank;
+    const int n = r > 1 ? keep * r : keep;
     return n < room ? n : room;
 }
 

@@ -62,6 +62,10 @@ typedef struct policy_opts {
                               * union of its group's (keys_order_union) */
     int rerank;              /* fasa, > 1: TIP picks rerank times the tokens it chooses, and the exact
                               * scores of those (the whole keys) keep the best */
+    int group_rerank;        /* fasa with tip_bits, >= 1: each head's TIP picks group_rerank times the
+                              * tokens it chooses, and every head of a KV group keeps the best of the
+                              * group's union of picks by their exact scores (the union's keys read
+                              * once for the group) */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */
@@ -87,7 +91,7 @@ typedef struct policy {
     int tip_ld;              /* n_ctx + 16: rows n_ctx floats apart fell on the same cache sets,
                               * and TIP then streamed at a third of its bandwidth in some runs */
     float *tipq;             /* fasa, block 2: (n_head, d_head) each head's query on its own chunks */
-    float *rr;               /* fasa with rerank: (n_threads, 3 n_ctx) its scratch */
+    float *rr;               /* fasa with rerank or group_rerank: (n_threads, POLICY_RR_FLOATS(n_ctx)) */
     uint64_t *n_sel;         /* (n_threads, 8) tokens selected, selections made (policy_selected) */
     uint64_t *cand;          /* fasa decode: (threads, n_head, mid) each thread's picks per head */
     size_t cand_cap;
@@ -112,8 +116,14 @@ typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
-    float *rr;               /* fasa with rerank: (3 n_ctx) */
+    float *rr;               /* fasa with rerank or group_rerank: POLICY_RR_FLOATS(n_ctx), its last
+                              * n_ctx bytes zero (they stay zero between calls) */
 } policy_scratch;
+
+/* A rerank's scratch for n_ctx tokens: the exact scores (3 n_ctx floats, policy_rerank), another
+ * head's TIP scores and the group's union (n_ctx each), and n_ctx bytes of marks. */
+#define POLICY_RR_FLOATS(n_ctx) ((size_t)(n_ctx) * 5 + (size_t)(n_ctx) / 4 + 4)
+#define POLICY_RR_MARK(rr, n_ctx) ((uint8_t *)((rr) + (size_t)(n_ctx) * 5))
 
 /* The tokens a selection of `budget` among t forces in: attention sinks [0, *lo) and the recent
  * window [*hi, t). 1 when they leave room in the budget (the rest is then chosen among [lo, hi)),
@@ -170,6 +180,8 @@ int  policy_reserve_picks(policy *p, int threads, int mid);
  * floats of scratch, keys: m. Returns min(want, m). */
 int policy_rerank(const struct kvcache *kv, int layer, int g, const float *q, int32_t *cand, int m, int want,
                   float *E, uint64_t *keys);
+/* Rows [lo, hi) marked in mark, ascending, into U (clearing their marks); their count. */
+int policy_marked(uint8_t *mark, int lo, int hi, int32_t *U);
 /* Mean tokens a sparse query attended to since policy_reserve or the last call (0: none), and
  * the count of them into *n when n is given; resets the tally. */
 double policy_selected(policy *p, uint64_t *n);

@@ -103,6 +103,23 @@ static int auto_rows(const model *m, run_state *s, int l, int h, int lo, int hi,
     return n;
 }
 
+/* Head h's picks of mid rows: whole from the thread that scored its row, or the best mid of the
+ * threads' picks (keys: scratch); their count, the rows in *rows (idx or p->cand). */
+static int head_picks(const policy *p, int h, int nt, int mid, int t1, int32_t *idx, uint64_t *keys,
+                      const int32_t **rows)
+{
+    const int H = p->m->cfg.n_head;
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        const int ni = p->cand_n[(size_t)i * H + h];
+        const uint64_t *cand = p->cand + ((size_t)i * H + h) * mid;
+        if (ni < 0) return *rows = (const int32_t *)cand, -1 - ni;
+        memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
+    }
+    *rows = idx;
+    return topk_keys(keys, n, mid, t1, idx);
+}
+
 /* Item it of the second half: head it (it < n_head) takes its rows and attends to them; item
  * n_head + 2 g + r attends to group g's sinks (r = 0) or recent window (r = 1). */
 static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int hi, int mid, int keep, int nt,
@@ -118,24 +135,46 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
     int32_t *idx = p->idx + (size_t)tid * p->n_ctx;
     uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
     const int32_t *rows = idx;
-    int n = 0, k = -1;
+    int k;
     if (p->o.auto_mass > 0) k = auto_rows(m, s, l, it, lo, hi, keep, tq, ldq, idx, keys);
-    for (int i = 0; i < nt && k < 0; i++) {
-        const int ni = p->cand_n[(size_t)i * H + it];
-        const uint64_t *cand = p->cand + ((size_t)i * H + it) * mid;
-        if (ni < 0) rows = (const int32_t *)cand, k = -1 - ni;
-        else memcpy(keys + n, cand, sizeof *keys * ni), n += ni;
-    }
-    if (k < 0) k = topk_keys(keys, n, mid, t1, idx), rows = idx;
+    else k = head_picks(p, it, nt, mid, t1, idx, keys, &rows);
     if (k > keep && p->rr) {   /* rerank: the exact scores of TIP's picks keep the best */
         if (rows != idx) memcpy(idx, rows, sizeof *idx * k);
         s->bytes_kv[8 * tid] += (uint64_t)(k - keep) * m->cfg.d_head * kvcache_esz(&s->kv);
         k = policy_rerank(&s->kv, l, it / (H / m->cfg.n_kv_head), s->q + (size_t)it * m->cfg.d_head, idx, k, keep,
-                          p->rr + (size_t)tid * 3 * p->n_ctx, keys);
+                          p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx), keys);
         rows = idx;
     }
     attn_chosen(m, s, l, it, rows, k);
     policy_count(p, tid, k + lo + (t1 - hi));
+}
+
+/* Group g under group_rerank: the union of its heads' picks, whose keys are read once (the
+ * group's heads score them one after another while they stay in cache), and each head attends
+ * to the best keep of it by exact scores. */
+static void group_item(const model *m, run_state *s, int l, int g, int lo, int hi, int mid, int keep, int nt)
+{
+    const int H = m->cfg.n_head, grp = H / m->cfg.n_kv_head, d = m->cfg.d_head, t1 = s->n_past + 1;
+    const int tid = omp_get_thread_num();
+    policy *p = s->policy;
+    int32_t *idx = p->idx + (size_t)tid * p->n_ctx;
+    uint64_t *keys = p->keys + (size_t)tid * p->n_ctx;
+    float *rr = p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx);
+    int32_t *U = (int32_t *)(rr + 4 * (size_t)p->n_ctx);
+    uint8_t *mark = POLICY_RR_MARK(rr, p->n_ctx);
+    for (int h = g * grp; h < (g + 1) * grp; h++) {
+        const int32_t *rows;
+        const int k = head_picks(p, h, nt, mid, t1, idx, keys, &rows);
+        for (int j = 0; j < k; j++) mark[rows[j]] = 1;
+    }
+    const int u = policy_marked(mark, lo, hi, U);
+    s->bytes_kv[8 * tid] += (uint64_t)u * d * kvcache_esz(&s->kv);
+    for (int h = g * grp; h < (g + 1) * grp; h++) {
+        memcpy(idx, U, sizeof *idx * u);
+        const int k = u > keep ? policy_rerank(&s->kv, l, g, s->q + (size_t)h * d, idx, u, keep, rr, keys) : u;
+        attn_chosen(m, s, l, h, idx, k);
+        policy_count(p, tid, k + lo + (t1 - hi));
+    }
 }
 
 void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, int keep, const float *tq, int ldq,
@@ -185,16 +224,24 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             }
         }
 #pragma omp barrier
-        /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
-         * here (its picks are in this core's cache); the rest, the recent windows first, then the
-         * cut heads, the sinks last, go to whichever thread is free */
-        for (int h = 0; h < H; h++)
-            if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt, tq, ldq);
+        if (p->o.group_rerank > 0) {   /* the groups (the heads together) and their forced rows */
 #pragma omp for schedule(dynamic, 1) nowait
-        for (int j = 0; j < G + H + G; j++) {
-            if (j >= G && j < G + H && tip_owner(cost, (j - G) / grp, nt, G, lo, hi) >= 0) continue;
-            fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
-                      nt, tq, ldq);
+            for (int j = 0; j < 3 * G; j++) {
+                if (j >= G && j < 2 * G) group_item(m, s, l, j - G, lo, hi, mid, keep, nt);
+                else fasa_item(m, s, l, j < G ? H + 2 * j + 1 : H + 2 * (j - 2 * G), lo, hi, mid, keep, nt, tq, ldq);
+            }
+        } else {
+            /* the heads and the groups' forced rows: a head whose whole row this thread selected stays
+             * here (its picks are in this core's cache); the rest, the recent windows first, then the
+             * cut heads, the sinks last, go to whichever thread is free */
+            for (int h = 0; h < H; h++)
+                if (cn[h] < 0) fasa_item(m, s, l, h, lo, hi, mid, keep, nt, tq, ldq);
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int j = 0; j < G + H + G; j++) {
+                if (j >= G && j < G + H && tip_owner(cost, (j - G) / grp, nt, G, lo, hi) >= 0) continue;
+                fasa_item(m, s, l, j < G ? H + 2 * j + 1 : j < G + H ? j - G : H + 2 * (j - G - H), lo, hi, mid, keep,
+                          nt, tq, ldq);
+            }
         }
     }
     attn_merge(m, s, 3);

@@ -168,7 +168,8 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     const int fasa = p->o.kind == POLICY_FASA;
     free(p->idx); free(p->score); free(p->keys); free(p->tip); free(p->tipq); free(p->cand_n); free(p->rr);
     p->idx = malloc(tn * sizeof *p->idx);
-    p->rr = fasa && p->o.rerank > 1 ? malloc(3 * tn * sizeof *p->rr) : NULL;
+    const int rerank = fasa && (p->o.rerank > 1 || p->o.group_rerank > 0);
+    p->rr = rerank ? calloc((size_t)n_threads * POLICY_RR_FLOATS(n_ctx), sizeof *p->rr) : NULL;
     p->score = malloc(tn * sizeof *p->score);
     p->keys = malloc(tn * sizeof *p->keys);
     p->tip_ld = n_ctx + 16;
@@ -179,7 +180,7 @@ int policy_reserve(policy *p, int n_ctx, int n_threads, char *err)
     p->n_sel = calloc((size_t)n_threads * 8, sizeof *p->n_sel);
     p->n_ctx = n_ctx, p->n_threads = n_threads;
     if (!p->idx || !p->score || !p->keys || !p->cand_n || !p->n_sel || (fasa && (!p->tip || !p->tipq)) ||
-        (fasa && p->o.rerank > 1 && !p->rr)) {
+        (rerank && !p->rr)) {
         p->n_ctx = p->n_threads = 0;
         return fasa_error(err, FASA_ENOMEM, "out of memory for selecting among %d tokens", n_ctx);
     }
@@ -342,6 +343,37 @@ int policy_rerank(const kvcache *kv, int layer, int g, const float *q, int32_t *
     return k;
 }
 
+int policy_marked(uint8_t *mark, int lo, int hi, int32_t *U)
+{
+    int u = 0;
+    for (int i = lo; i < hi; i++)
+        if (mark[i]) U[u++] = i, mark[i] = 0;
+    return u;
+}
+
+/* group_rerank in the per-query path, as fasa_decode does it: the union of the best want * R of
+ * [lo, hi) by TIP of each head of head's group (S: head's own scores over the t rows), and head's
+ * best want of it by exact scores, ascending into idx. */
+static int group_picks(const policy *p, const run_state *s, int layer, int head, int t, const float *q_tok,
+                       const float *S, int lo, int hi, int want, int32_t *idx, policy_scratch *sc)
+{
+    const model_config *c = &p->m->cfg;
+    const int grp = c->n_head / c->n_kv_head, g = head / grp;
+    const int n_ctx = p->n_ctx, d = c->d_head;
+    float *other = sc->rr + 3 * (size_t)n_ctx;
+    int32_t *U = (int32_t *)(sc->rr + 4 * (size_t)n_ctx);
+    uint8_t *mark = POLICY_RR_MARK(sc->rr, n_ctx);
+    for (int h = g * grp; h < (g + 1) * grp; h++) {
+        const float *row = S;
+        if (h != head && sc->tip) row = p->tip + (size_t)h * p->tip_ld;   /* the step's TIP, every head */
+        else if (h != head) tip_scores_q4(p, &s->kv, layer, h, g, t, q_tok + (size_t)h * d, other), row = other;
+        const int n = topk_indices(row + lo, hi - lo, want * p->o.group_rerank, U, sc->sel);
+        for (int j = 0; j < n; j++) mark[lo + U[j]] = 1;
+    }
+    const int u = policy_marked(mark, lo, hi, idx);
+    return u > want ? policy_rerank(&s->kv, layer, g, q_tok + (size_t)head * d, idx, u, want, sc->rr, sc->sel) : u;
+}
+
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
 {
     const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
@@ -462,6 +494,12 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         const int want = budget - lo - (t - hi);
         const int rr = o->kind == POLICY_FASA && o->rerank > 1 ? o->rerank : 1;
         int m = want;
+        if (o->kind == POLICY_FASA && o->group_rerank > 0 && sc->rr) {
+            m = group_picks(p, s, layer, head, t, q_tok, S, lo, hi, want, idx + lo, sc);
+            for (int i = 0; i < lo; i++) idx[i] = i;
+            for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
+            return lo + m + (t - hi);
+        }
         if (want != counted || rr > 1) {   /* else the count's own rows are the best want */
             m = topk_indices(S + lo, hi - lo, want * rr, idx + lo, sc->sel);
             for (int j = lo; j < lo + m; j++) idx[j] += lo;
