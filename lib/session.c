@@ -188,8 +188,6 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
-    if (po.group_rerank && (!po.tip_bits || po.auto_mass > 0 || po.rerank > 1))
-        return fasa_error(err, FASA_EARG, "--group-rerank takes --tip q4 and a fixed budget, without --rerank");
     if (!po.tip_bits) {
         /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
          * in every key, stored as their own block */

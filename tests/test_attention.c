@@ -1031,6 +1031,9 @@ Test(attention, group_rerank_routes_agree, .timeout = 60)
         free(fused), free(per_query), free(f32[0]), free(f32[1]), free(all), free(own), free(exact);
     }
     for (int k = 0; k < 4; k++) policy_free(&pol[k]);
+    policy bad;
+    o.group_rerank = 1;   /* o: exact keys, no 4-bit copy to score every head's picks from */
+    cr_expect_lt(policy_init(&bad, e.m, &o, err), 0, "group rerank without the 4-bit copy accepted");
     env_close(&e);
 }
 

@@ -13,16 +13,6 @@
 #include "session.h"
 #include "topk.h"
 
-/* -gxR: every head keeps the best of its group's union of picks, which needs the 4-bit copy (every
- * head's TIP scores in one pass) and a fixed budget. */
-static int rerank_check(const char *spec, const policy_opts *o, char *err)
-{
-    if (o->group_rerank && (!o->tip_bits || o->group || o->auto_mass > 0 || o->rerank > 1))
-        return fasa_error(err, FASA_EARG, "policy '%s': -gxR takes the 4-bit TIP copy (default, fasa-q4) and a "
-                          "fixed budget, without -xR", spec);
-    return 0;
-}
-
 int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
 {
     char base[48];
@@ -38,7 +28,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
          * -own) */
         bench_policy v;
         char alt[48];
-        snprintf(alt, sizeof alt, "fasa-q4%s", spec + 7);   /* -q4: as the default reads TIP */
+        snprintf(alt, sizeof alt, "fasa%s", spec + 7);
         int rc = bench_policy_parse(alt, m, prof, &v, err);
         if (rc < 0) return rc;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
@@ -50,7 +40,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
-        return rerank_check(spec, &out->o, err);
+        return 0;
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
@@ -128,7 +118,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     if (recent >= 0) out->o.n_recent = recent;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
-    return rerank_check(spec, &out->o, err);
+    return 0;
 }
 
 static int add_row(bench_row **rows, int *n, const char *task, const char *policy, int budget, int context,

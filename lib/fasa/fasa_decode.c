@@ -11,7 +11,9 @@
  * each head attends to its rows, and the forced rows are attended once per group (the same rows
  * for all its heads), the parts merged as flash-decoding merges them. Under the budget that sets
  * itself nothing is picked before the barrier: a head's rows come from a cut on its whole row's
- * estimated masses (auto_rows), which needs the row whole.
+ * estimated masses (auto_rows), which needs the row whole. Under group_rerank a KV group's heads
+ * attend together after the barrier (group_item): each keeps the best of the group's union of
+ * picks by exact scores.
  * A thread reads only TIP scores it wrote: when the two cores of a VM sit on different dies,
  * handing a layer's scores (300 KB at 8k for the default model) from one core to the other made
  * TIP 2.5x slower (README, Speed).
