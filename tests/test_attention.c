@@ -296,7 +296,7 @@ Test(attention, tip_with_all_chunks_is_the_oracle)
     float *S = malloc(sizeof(float) * 200);
     uint64_t *K = malloc(sizeof(uint64_t) * 200);
     int32_t a[200], b[200], c[200];
-    policy_scratch sc = { S, K, NULL, NULL };
+    policy_scratch sc = { S, K, NULL, NULL, 0 };
     int same = 0, total = 0, mid_same = 0, mid_total = 0;
     for (int l = 0; l < e.m->cfg.n_layer; l++)
         for (int h = 0; h < e.m->cfg.n_head; h++) {
@@ -349,7 +349,7 @@ Test(attention, baseline_selections_keep_their_promises)
     float S[200];
     uint64_t K[200];
     int32_t idx[200];
-    policy_scratch sc = { S, K, NULL, NULL };
+    policy_scratch sc = { S, K, NULL, NULL, 0 };
     const float *q_tok = s->q + (size_t)63 * e.m->cfg.n_head * e.m->cfg.d_head;
     const int pos = 191, N = 40;
     for (int k = POLICY_ORACLE; k < POLICY_COUNT; k++) {

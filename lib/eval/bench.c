@@ -175,7 +175,7 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
             const int K_ = cfg->ks[b];
             const int k = K_ < t ? K_ : t;
             policy_scratch sc = { c->score[tid], c->keys[tid] + 2 * (size_t)c->n_ctx + 256, NULL,
-                                  (float *)(c->keys[tid] + 3 * (size_t)c->n_ctx + 256) };
+                                  (float *)(c->keys[tid] + 3 * (size_t)c->n_ctx + 256), c->n_ctx };
             int n = policy_select(&c->pol[p], s, c->st, layer, head, pos, q_tok, K_, c->idx[tid], &sc);
             int inter = 0;
             double held = 0;

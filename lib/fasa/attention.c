@@ -220,7 +220,7 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
             idx = p->idx + (size_t)tid * p->n_ctx;
             policy_scratch sc = { p->score + (size_t)tid * p->n_ctx, p->keys + (size_t)tid * p->n_ctx,
                                   tip ? p->tip + (size_t)h * p->tip_ld : NULL,
-                                  p->rr ? p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx) : NULL };
+                                  p->rr ? p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx) : NULL, p->n_ctx };
             n_sel = policy_select(p, s, s->stats, l, h, pos, s->q + (size_t)i * qd, policy_layer_budget(&p->o, l), idx,
                                   &sc);
             if (n_sel >= 0) policy_count(p, tid, n_sel);

@@ -116,8 +116,9 @@ typedef struct policy_scratch {
     float *score;            /* (n_ctx) */
     uint64_t *sel;           /* (n_ctx) */
     float *tip;              /* fasa: this head's TIP scores, already computed (used in place), or NULL */
-    float *rr;               /* fasa with rerank or group_rerank: POLICY_RR_FLOATS(n_ctx), its last
-                              * n_ctx bytes zero (they stay zero between calls) */
+    float *rr;               /* fasa with rerank or group_rerank: POLICY_RR_FLOATS(n_rr), its last
+                              * n_rr bytes zero (they stay zero between calls) */
+    int n_rr;                /* the context rr is sized for (>= the query's position + 1) */
 } policy_scratch;
 
 /* A rerank's scratch for n_ctx tokens: the exact scores (3 n_ctx floats, policy_rerank), another

@@ -361,7 +361,7 @@ static int group_picks(const policy *p, const run_state *s, int layer, int head,
 {
     const model_config *c = &p->m->cfg;
     const int grp = c->n_head / c->n_kv_head, g = head / grp;
-    const int n_ctx = p->n_ctx, d = c->d_head;
+    const int n_ctx = sc->n_rr, d = c->d_head;
     float *other = sc->rr + 3 * (size_t)n_ctx;
     int32_t *U = (int32_t *)(sc->rr + 4 * (size_t)n_ctx);
     uint8_t *mark = POLICY_RR_MARK(sc->rr, n_ctx);
