@@ -561,21 +561,28 @@ static void noop_query(void *ctx, const model *m, const run_state *s, int l, int
 
 /* Logits of decode steps 200..239 under pol after prefilled(), on the fused decode step or, with
  * an observer on, the per-query path; *sel: the tokens per query it selected. */
-static float *decode_40(env *e, policy *pol, int per_query, double *sel)
+/* The logits of decoding tokens 200..239 on s, one step at a time. */
+static float *steps_40(env *e, run_state *s)
 {
-    static const attn_obs watch = { .on_query = noop_query };
     char err[FASA_ERRLEN];
     const size_t V = e->m->cfg.n_vocab;
-    kv_opts ko = { .f16 = 1 };
-    policy_kv_opts(pol, &ko);
-    run_state *s = prefilled(e, &ko, pol);
-    s->obs = per_query ? &watch : NULL;
     float *out = malloc(sizeof(float) * 40 * V);
-    policy_selected(pol, NULL);
     for (int i = 200; i < 240; i++) {
         cr_assert_eq(model_forward(e->m, s, e->ids + i, 1, 0, err), 0, "%s", err);
         memcpy(out + (i - 200) * V, s->logits, sizeof(float) * V);
     }
+    return out;
+}
+
+static float *decode_40(env *e, policy *pol, int per_query, double *sel)
+{
+    static const attn_obs watch = { .on_query = noop_query };
+    kv_opts ko = { .f16 = 1 };
+    policy_kv_opts(pol, &ko);
+    run_state *s = prefilled(e, &ko, pol);
+    s->obs = per_query ? &watch : NULL;
+    policy_selected(pol, NULL);
+    float *out = steps_40(e, s);
     *sel = policy_selected(pol, NULL);
     run_state_free(s);
     return out;
@@ -897,11 +904,7 @@ Test(attention, rerank_of_every_row_selects_as_exact_keys, .timeout = 60)
             if (k < 3) policy_kv_opts(pk, &ko);
             run_state *s = prefilled(&e, &ko, pk);
             s->obs = k == 1 ? &watch : NULL;
-            out[k] = malloc(sizeof(float) * 40 * V);
-            for (int i = 200; i < 240; i++) {
-                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
-                memcpy(out[k] + (i - 200) * V, s->logits, sizeof(float) * V);
-            }
+            out[k] = steps_40(&e, s);
             run_state_free(s);
         }
         cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query rerank differ (%g)", nt,
@@ -1014,11 +1017,7 @@ Test(attention, group_rerank_routes_agree, .timeout = 60)
             run_state *s = prefilled(&e, &ko, &pol[0]);
             if (k) s->attend_hook = cpu_hook, s->attend_ctx = (void *)(intptr_t)(c->n_head / c->n_kv_head);
             else s->obs = &watch;
-            f32[k] = malloc(sizeof(float) * 40 * V);
-            for (int i = 200; i < 240; i++) {
-                cr_assert_eq(model_forward(e.m, s, e.ids + i, 1, 0, err), 0, "%s", err);
-                memcpy(f32[k] + (i - 200) * V, s->logits, sizeof(float) * V);
-            }
+            f32[k] = steps_40(&e, s);
             run_state_free(s);
         }
         cr_expect_leq(max_rel(f32[0], f32[1], 40 * V), 1e-4, "%d threads: the hook's path differs (%g; step %d)", nt,

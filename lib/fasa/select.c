@@ -496,13 +496,9 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         const int want = budget - lo - (t - hi);
         const int rr = o->kind == POLICY_FASA && o->rerank > 1 ? o->rerank : 1;
         int m = want;
-        if (o->kind == POLICY_FASA && o->group_rerank > 0 && sc->rr) {
+        if (o->kind == POLICY_FASA && o->group_rerank > 0 && sc->rr) {   /* reranked already: m <= want */
             m = group_picks(p, s, layer, head, t, q_tok, S, lo, hi, want, idx + lo, sc);
-            for (int i = 0; i < lo; i++) idx[i] = i;
-            for (int i = hi; i < t; i++) idx[lo + m + i - hi] = i;
-            return lo + m + (t - hi);
-        }
-        if (want != counted || rr > 1) {   /* else the count's own rows are the best want */
+        } else if (want != counted || rr > 1) {   /* else the count's own rows are the best want */
             m = topk_indices(S + lo, hi - lo, want * rr, idx + lo, sc->sel);
             for (int j = lo; j < lo + m; j++) idx[j] += lo;
         }
