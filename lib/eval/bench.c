@@ -121,6 +121,15 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     return 0;
 }
 
+/* The statistics the listed policies read: the prefill keeps no others (H2O's and SnapKV's add
+ * up each query's attention weights, which keeps a long prefill off its tiled path). */
+static int bench_stats_flags(const bench_cfg *cfg)
+{
+    int f = 0;
+    for (int i = 0; i < cfg->n_policy; i++) f |= policy_stats_flags(cfg->policies[i].o.kind);
+    return f;
+}
+
 static int add_row(bench_row **rows, int *n, const char *task, const char *policy, int budget, int context,
                    double value, double extra, double depth)
 {
@@ -198,7 +207,7 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
     run_state *s = run_state_new(m, n, 64, err);
     if (!s) return FASA_ENOMEM;
     attn_stats st;
-    if ((rc = attn_stats_init(&st, m, n, STATS_QUEST | STATS_SNAPKV, n_prefill, err)) < 0) {
+    if ((rc = attn_stats_init(&st, m, n, bench_stats_flags(cfg), n_prefill, err)) < 0) {
         run_state_free(s);
         return rc;
     }
@@ -367,7 +376,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                 break;
             }
             attn_stats st;
-            if ((rc = attn_stats_init(&st, m, C, STATS_QUEST | STATS_SNAPKV | STATS_H2O, P, err)) < 0) {
+            if ((rc = attn_stats_init(&st, m, C, bench_stats_flags(cfg), P, err)) < 0) {
                 run_state_free(s);
                 break;
             }
@@ -507,7 +516,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                 attn_stats st;
                 stats_snap sn = { 0 };
                 if (!s) { free(ids); rc = FASA_ENOMEM; break; }
-                if ((rc = attn_stats_init(&st, m, n + n_gen, STATS_QUEST | STATS_SNAPKV | STATS_H2O, n, err)) < 0) {
+                if ((rc = attn_stats_init(&st, m, n + n_gen, bench_stats_flags(cfg), n, err)) < 0) {
                     run_state_free(s); free(ids); break;
                 }
                 s->stats = &st;
@@ -652,7 +661,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                 attn_stats st;
                 stats_snap sn = { 0 };
                 if (!s) { free(ids), ruler_sample_free(&smp); rc = FASA_ENOMEM; break; }
-                if ((rc = attn_stats_init(&st, m, n + n_gen, STATS_QUEST | STATS_SNAPKV | STATS_H2O, n, err)) < 0) {
+                if ((rc = attn_stats_init(&st, m, n + n_gen, bench_stats_flags(cfg), n, err)) < 0) {
                     run_state_free(s), free(ids), ruler_sample_free(&smp);
                     break;
                 }

@@ -6,7 +6,7 @@
  *   o.prof = &prof;
  *   if (policy_init(&p, m, &o, err) < 0) ...;
  *   attn_stats st;                         // Quest pages, SnapKV votes, H2O scores, as needed
- *   attn_stats_init(&st, m, n_ctx, policy_stats_flags(&p), n_prefill, err);
+ *   attn_stats_init(&st, m, n_ctx, policy_stats_flags(o.kind), n_prefill, err);
  *   s->stats = &st;
  *   attention_use_policy(s, &p, n_prefill, err);   // prefill stays dense; sizes p's scratch
  *   model_forward(m, s, &tok, 1, 0, err);          // decode steps attend to the selected tokens
@@ -195,7 +195,8 @@ void policy_kv_opts(const policy *p, kv_opts *ko);
 /* Head h's query (canonical layout) as TIP reads the copy: its own dims at their copy positions,
  * zero elsewhere (tip_width floats). */
 void policy_tip_query(const policy *p, int layer, int head, const float *q, float *out);
-int  policy_stats_flags(const policy *p);
+/* The statistics (STATS_*) a policy of this kind reads. */
+int  policy_stats_flags(enum policy_kind kind);
 
 /* Chooses the tokens query head `head` at position pos reads in `layer`, among positions 0..pos.
  * q_tok: all query heads of this token (canonical layout), so group selection can sum them.

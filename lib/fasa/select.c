@@ -228,9 +228,9 @@ uint64_t attn_select_bytes(const policy *p, const kvcache *kv, int l, int g, int
     }
 }
 
-int policy_stats_flags(const policy *p)
+int policy_stats_flags(enum policy_kind kind)
 {
-    switch (p->o.kind) {
+    switch (kind) {
     case POLICY_QUEST: return STATS_QUEST;
     case POLICY_SNAPKV: return STATS_SNAPKV;
     case POLICY_H2O: return STATS_H2O;
