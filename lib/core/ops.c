@@ -788,6 +788,169 @@ static inline __m512 exp512(__m512 x)
 }
 #endif
 
+/* ---- flash attention with the queries in the vector lanes (ops.h: ops_attn_flash) ------------- */
+
+size_t ops_attn_flash_floats(int d)
+{
+    return (size_t)d * 64 + 2 * (size_t)OPS_FLASH_TILE * d + (size_t)OPS_FLASH_TILE * 64;   /* Qt, Kf, Vf, St */
+}
+
+#ifdef __AVX512F__
+/* R keys (rows of Kf, d apart) against the queries, NV registers of Qt a dim (QS floats apart),
+ * into R rows of St: each key value is broadcast once for NV x 16 queries. */
+static inline __attribute__((always_inline)) void
+flash_scores(float *St, int QS, const float *Qt, const float *Kf, int d, const int R, const int NV)
+{
+    __m512 a[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) a[r][v] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c++) {
+        __m512 q[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(Qt + (size_t)c * QS + 16 * v);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m512 k = _mm512_set1_ps(Kf[(size_t)r * d + c]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) a[r][v] = _mm512_fmadd_ps(k, q[v], a[r][v]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(St + (size_t)r * QS + 16 * v, a[r][v]);
+}
+
+/* Output rows i0..i0+R-1, dims c0..c0+16U-1: scaled by their queries' al, plus the b weighted
+ * rows of Vf (weights Pt[j QS + i]): each value load serves R queries. */
+static inline __attribute__((always_inline)) void
+flash_accum(float *O, int ldo, const float *al, const float *Pt, int QS, const float *Vf, int b, int d, int i0, int c0,
+            const int R, const int U)
+{
+    __m512 a[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        const __m512 s = _mm512_set1_ps(al[i0 + r]);
+        const float *o = O + (size_t)(i0 + r) * ldo + c0;
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) a[r][u] = _mm512_mul_ps(s, _mm512_loadu_ps(o + 16 * u));
+    }
+    for (int j = 0; j < b; j++) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) v[u] = _mm512_loadu_ps(Vf + (size_t)j * d + c0 + 16 * u);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m512 p = _mm512_set1_ps(Pt[(size_t)j * QS + i0 + r]);
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) _mm512_storeu_ps(O + (size_t)(i0 + r) * ldo + c0 + 16 * u, a[r][u]);
+}
+
+#define FLASH_NV(R, NV)                                                                                                \
+    switch (NV) {                                                                                                      \
+    case 1: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 1); break;                             \
+    case 2: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 2); break;                             \
+    case 3: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 3); break;                             \
+    default: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 4); break;                            \
+    }
+#define FLASH_U(R, U)                                                                                                  \
+    switch (U) {                                                                                                       \
+    case 1: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 1); break;                                           \
+    case 2: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 2); break;                                           \
+    case 3: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 3); break;                                           \
+    default: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 4); break;                                          \
+    }
+
+int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const void *K, const void *V, int h16, int t,
+                   const int *len, int d, float scale, float *work)
+{
+    if (nq < 1 || nq > 64 || d % 16 || d > 256) return -1;
+    const int NV = (nq + 15) / 16, QS = 16 * NV;
+    float *Qt = work, *Kf = Qt + (size_t)d * 64, *Vf = Kf + (size_t)OPS_FLASH_TILE * d;
+    float *St = Vf + (size_t)OPS_FLASH_TILE * d, al[64], sum[64];
+    for (int c = 0; c < d; c++)   /* the queries, scaled, one dim per row; lanes past nq zero */
+        for (int i = 0; i < QS; i++) Qt[(size_t)c * QS + i] = i < nq ? Q[(size_t)i * ldq + c] * scale : 0.0f;
+    __m512 m[4], l[4];
+    __m512i L[4];
+    for (int v = 0; v < NV; v++) {
+        int lv[16];
+        for (int k = 0; k < 16; k++) lv[k] = 16 * v + k < nq ? len[16 * v + k] : 0;
+        L[v] = _mm512_loadu_si512(lv), m[v] = _mm512_set1_ps(-INFINITY), l[v] = _mm512_setzero_ps();
+    }
+    for (int i = 0; i < nq; i++) memset(O + (size_t)i * ldo, 0, sizeof(float) * d);
+    const size_t rb = (size_t)d * (h16 ? 2 : 4);
+    for (int j0 = 0; j0 < t; j0 += OPS_FLASH_TILE) {
+        const int b = t - j0 < OPS_FLASH_TILE ? t - j0 : OPS_FLASH_TILE;
+        const char *kr = (const char *)K + (size_t)j0 * rb, *vr = (const char *)V + (size_t)j0 * rb;
+        if (h16) {
+            ops_f16_to_f32(Kf, (const uint16_t *)kr, b * d);
+            ops_f16_to_f32(Vf, (const uint16_t *)vr, b * d);
+        } else {
+            memcpy(Kf, kr, (size_t)b * rb);
+            memcpy(Vf, vr, (size_t)b * rb);
+        }
+        int j = 0;
+        for (; j + 6 <= b; j += 6) FLASH_NV(6, NV)
+        for (; j < b; j++) FLASH_NV(1, NV)
+        /* each query's running max and sum; the tile's weights in place of its scores (zero past
+         * the query's length) */
+        for (int v = 0; v < NV; v++) {
+            const __m512i nv = _mm512_sub_epi32(L[v], _mm512_set1_epi32(j0));
+            __m512 tm = _mm512_set1_ps(-INFINITY);
+            for (int jj = 0; jj < b; jj++) {
+                const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
+                tm = _mm512_mask_max_ps(tm, ok, tm, _mm512_loadu_ps(St + (size_t)jj * QS + 16 * v));
+            }
+            const __m512 M = _mm512_max_ps(m[v], tm), a = exp512(_mm512_sub_ps(m[v], M));
+            __m512 ts = _mm512_setzero_ps();
+            for (int jj = 0; jj < b; jj++) {
+                const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
+                float *row = St + (size_t)jj * QS + 16 * v;
+                const __m512 p = _mm512_maskz_mov_ps(ok, exp512(_mm512_sub_ps(_mm512_loadu_ps(row), M)));
+                _mm512_storeu_ps(row, p);
+                ts = _mm512_add_ps(ts, p);
+            }
+            l[v] = _mm512_fmadd_ps(l[v], a, ts), m[v] = M;
+            _mm512_storeu_ps(al + 16 * v, a);
+        }
+        for (int i0 = 0; i0 < nq; i0 += 6)
+            for (int c0 = 0; c0 < d; c0 += 64) {
+                const int U = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
+                switch (nq - i0 < 6 ? nq - i0 : 6) {
+                case 1: FLASH_U(1, U) break;
+                case 2: FLASH_U(2, U) break;
+                case 3: FLASH_U(3, U) break;
+                case 4: FLASH_U(4, U) break;
+                case 5: FLASH_U(5, U) break;
+                default: FLASH_U(6, U) break;
+                }
+            }
+    }
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(sum + 16 * v, l[v]);
+    for (int i = 0; i < nq; i++) {
+        const float inv = 1.0f / sum[i];
+        for (int c = 0; c < d; c++) O[(size_t)i * ldo + c] *= inv;
+    }
+    return 0;
+}
+#undef FLASH_NV
+#undef FLASH_U
+#else
+int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const void *K, const void *V, int h16, int t,
+                   const int *len, int d, float scale, float *work)
+{
+    return -1;
+}
+#endif
+
 float ops_max(const float *x, int n)
 {
     float mx = -INFINITY;

@@ -195,59 +195,33 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
     kvcache_accum(kv, l, g, 0, NULL, t, S, nq, len, s->att_out + (size_t)r0 * qd + (size_t)h * d, qd);
 }
 
-/* attend_batch over long caches: key tiles of ATTN_TILE rows, whose scores and value rows stay in
- * L2 while the batch's queries use them, under a running max and sum per query (the softmax of
- * flash attention), instead of every query's whole row of scores written and read back from
- * memory. Used from ATTN_TILED_FROM keys on, when no statistic needs each query's weights. */
-enum { ATTN_TILE = 256, ATTN_TILED_FROM = 2048 };
+/* attend_batch over long caches: flash attention (ops_attn_flash: key tiles under a running max
+ * and sum per query, the queries in the vector lanes), whose tiles of scores and values stay in
+ * L2, instead of every query's whole row of scores written and read back from memory, by a
+ * kernel that loads each key and value element once for 16 queries. Used from ATTN_TILED_FROM
+ * keys on, when no statistic needs each query's weights; 0 when done, -1 (nothing done) when
+ * the kernel does not take the shape or the build has none. */
+enum { ATTN_TILED_FROM = 2048 };
 
-static void attend_batch_tiled(const model *m, run_state *s, int l, int h, int r0, int r1)
+static int attend_batch_tiled(const model *m, run_state *s, int l, int h, int r0, int r1)
 {
     const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
     const struct attn_work *w = s->attn;
-    const int d = c->d_head, qd = c->n_head * d, g = h / w->grp, ns = kv->n_split;
-    const int nq = r1 - r0, t = s->n_past + r1;
-    const float scale = 1.0f / sqrtf((float)d);
+    const int d = c->d_head, qd = c->n_head * d, g = h / w->grp, nq = r1 - r0, t = s->n_past + r1;
     const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
-    /* scratch (fits the batch's rows: n_ctx >= t >= ATTN_TILED_FROM): a tile's scores, split
-     * keys' other part, the tile's outputs, each query's running max and sum */
-    float *S = w->bscores + (size_t)omp_get_thread_num() * w->n_batch * w->n_ctx * (ns ? 2 : 1);
-    float *T = S + (size_t)nq * ATTN_TILE, *Ot = T + (size_t)nq * ATTN_TILE, *mx = Ot + (size_t)nq * d,
-          *sum = mx + nq;
-    float *O = s->att_out + (size_t)r0 * qd + (size_t)h * d;
-    int len[512], lt[512];
+    float *work = w->bscores + (size_t)omp_get_thread_num() * w->n_batch * w->n_ctx * (kv->n_split ? 2 : 1);
+    int len[512];
+    for (int i = 0; i < nq; i++) len[i] = s->n_past + r0 + i + 1;
+    if (kv->n_split || ops_attn_flash_floats(d) > (size_t)w->n_batch * w->n_ctx ||
+        ops_attn_flash(s->att_out + (size_t)r0 * qd + (size_t)h * d, qd, Q, nq, qd, kvcache_k(kv, l, g),
+                       kvcache_v(kv, l, g), kv->f16, t, len, d, 1.0f / sqrtf((float)d), work) < 0)
+        return -1;
     for (int i = 0; i < nq; i++) {
-        const int pos = s->n_past + r0 + i;
-        len[i] = pos + 1, mx[i] = -INFINITY, sum[i] = 0;
-        memset(O + (size_t)i * qd, 0, sizeof(float) * d);
-        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, pos, Q + (size_t)i * qd);
+        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, len[i] - 1, Q + (size_t)i * qd);
         count_bytes(s, (uint64_t)len[i] * 2 * d * kvcache_esz(kv));
     }
-    for (int j0 = 0; j0 < t; j0 += ATTN_TILE) {
-        const int b = t - j0 < ATTN_TILE ? t - j0 : ATTN_TILE;
-        kvcache_scores(kv, KV_KEYS, l, g, j0, NULL, b, Q, nq, qd, scale, S, b);
-        if (ns) {
-            kvcache_scores(kv, KV_REST, l, g, j0, NULL, b, Q + ns, nq, qd, scale, T, b);
-            for (size_t i = 0; i < (size_t)nq * b; i++) S[i] += T[i];
-        }
-        for (int i = 0; i < nq; i++) {   /* the tile's weights under each query's new max */
-            const int n = len[i] - j0 < 0 ? 0 : len[i] - j0 < b ? len[i] - j0 : b;
-            if (!(lt[i] = n)) continue;
-            float *row = S + (size_t)i * b;
-            const float tm = ops_max(row, n), nm = tm > mx[i] ? tm : mx[i], a = expf(mx[i] - nm);
-            double ts;
-            ops_exp_from(row, row, n, nm, 1.0f, &ts);
-            sum[i] = sum[i] * a + (float)ts, mx[i] = nm;
-            if (a != 1.0f)
-                for (int k = 0; k < d; k++) O[(size_t)i * qd + k] *= a;
-        }
-        kvcache_accum(kv, l, g, j0, NULL, b, S, nq, lt, Ot, d);
-        for (int i = 0; i < nq; i++)
-            if (lt[i]) ops_axpy(O + (size_t)i * qd, 1.0f, Ot + (size_t)i * d, d);
-    }
-    for (int i = 0; i < nq; i++)
-        for (int k = 0; k < d; k++) O[(size_t)i * qd + k] /= sum[i];
+    return 0;
 }
 
 /* Queries r0..r1 of the batch take the tiled path: a long cache, and no statistic that adds up
@@ -375,8 +349,7 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
         for (int it = 0; it < c->n_head * halves; it++) {
             const int h = it / halves, part = it % halves, r0 = part * n / halves, r1 = (part + 1) * n / halves;
-            if (batch_tiled(s, r0, r1)) attend_batch_tiled(m, s, l, h, r0, r1);
-            else attend_batch(m, s, l, h, r0, r1);
+            if (!batch_tiled(s, r0, r1) || attend_batch_tiled(m, s, l, h, r0, r1) < 0) attend_batch(m, s, l, h, r0, r1);
         }
         return 0;
     }
