@@ -701,28 +701,31 @@ Test(ops, tip_q4_matches_scalar)
         }
 }
 
-/* Flash attention (queries in the lanes, tiles of 256 rows) against the scalar kernels' exact
- * softmax, f32 and f16 rows, query counts around the 16-lane registers and the 6-query blocks,
- * lengths across tile edges, causal lengths. */
+/* Flash attention (queries in the lanes, tiles of 256 rows, a group's heads over each tile) against
+ * the scalar kernels' exact softmax, head by head: f32 and f16 rows, query counts around the
+ * 16-lane registers and the 6-query blocks, lengths across tile edges, causal lengths, one head
+ * and three. */
 Test(ops, attn_flash_matches_softmax)
 {
     const int nq_list[] = { 1, 5, 6, 16, 17, 33, 64 };
     const int t_list[] = { 1, 7, 255, 256, 257, 700 };
     const int d_list[] = { 16, 64, 128 };
-    float one_o[16], zero[16] = { 0 }, *one_w = malloc(sizeof(float) * ops_attn_flash_floats(16));
-    const int one = 1, built = ops_attn_flash(one_o, 16, zero, 1, 16, zero, zero, 0, 1, &one, 16, 1.0f, one_w) == 0;
+    float one_o[16], zero[16] = { 0 }, *one_w = malloc(sizeof(float) * ops_attn_flash_floats(1, 16));
+    const int one = 1;
+    const int built = ops_attn_flash(one_o, 16, zero, 1, 16, 1, 16, zero, zero, 0, 1, &one, 16, 1.0f, one_w) == 0;
     free(one_w);
     if (!built) cr_skip_test("ops_attn_flash: not in this build (no AVX-512)");
     for (size_t di = 0; di < sizeof d_list / sizeof *d_list; di++)
         for (size_t ti = 0; ti < sizeof t_list / sizeof *t_list; ti++)
             for (size_t qi = 0; qi < sizeof nq_list / sizeof *nq_list; qi++)
-                for (int h16 = 0; h16 < 2; h16++) {
-                    const int d = d_list[di], t = t_list[ti], nq = nq_list[qi], ldq = d + 3, ldo = d + 5;
-                    uint64_t r = 31 * d + 7 * t + nq + h16;
+                for (int v = 0; v < 4; v++) {   /* f32 / f16 rows, one head / three */
+                    const int d = d_list[di], t = t_list[ti], nq = nq_list[qi], h16 = v & 1, nh = v & 2 ? 3 : 1;
+                    const int ldq = nh * d + 3, ldo = nh * d + 5;
+                    uint64_t r = 31 * d + 7 * t + nq + v;
                     float *Q = malloc(sizeof(float) * nq * ldq), *K = malloc(sizeof(float) * t * d);
                     float *V = malloc(sizeof(float) * t * d), *S = malloc(sizeof(float) * nq * t);
                     float *O = malloc(sizeof(float) * nq * ldo), *Or = malloc(sizeof(float) * nq * ldo);
-                    float *work = malloc(sizeof(float) * ops_attn_flash_floats(d));
+                    float *work = malloc(sizeof(float) * ops_attn_flash_floats(nh, d));
                     int *len = malloc(sizeof(int) * nq);
                     for (int i = 0; i < nq * ldq; i++) Q[i] = frand(&r) * 2;
                     for (int i = 0; i < t * d; i++) K[i] = frand(&r) * 3, V[i] = frand(&r);
@@ -733,21 +736,23 @@ Test(ops, attn_flash_matches_softmax)
                     for (int i = 0; i < nq; i++) len[i] = t - (nq - 1 - i) * t / (2 * nq);   /* causal-like */
                     const float scale = 1 / sqrtf((float)d);
                     for (int i = 0; i < nq * ldo; i++) O[i] = Or[i] = -7;
-                    const int rc = ops_attn_flash(O, ldo, Q, nq, ldq, h16 ? (const void *)Kh : K,
+                    const int rc = ops_attn_flash(O, ldo, Q, nq, ldq, nh, d, h16 ? (const void *)Kh : K,
                                                   h16 ? (const void *)Vh : V, h16, t, len, d, scale, work);
-                    cr_assert_eq(rc, 0, "flash d=%d t=%d nq=%d refused", d, t, nq);
-                    ops_attn_scores_multi_ref(S, t, Q, nq, ldq, K, t, d, scale);
-                    for (int i = 0; i < nq; i++) ops_softmax(S + (size_t)i * t, len[i]);
-                    ops_attn_accum_multi_ref(Or, ldo, S, nq, len, V, t, d);
+                    cr_assert_eq(rc, 0, "flash d=%d t=%d nq=%d nh=%d refused", d, t, nq, nh);
+                    for (int k = 0; k < nh; k++) {
+                        ops_attn_scores_multi_ref(S, t, Q + k * d, nq, ldq, K, t, d, scale);
+                        for (int i = 0; i < nq; i++) ops_softmax(S + (size_t)i * t, len[i]);
+                        ops_attn_accum_multi_ref(Or + k * d, ldo, S, nq, len, V, t, d);
+                    }
                     for (int i = 0; i < nq; i++)
                         for (int c = 0; c < ldo; c++) {
-                            if (c >= d) {   /* the padding of O is left alone */
+                            if (c >= nh * d) {   /* the padding of O is left alone */
                                 cr_expect_eq(O[i * ldo + c], -7.0f);
                                 continue;
                             }
                             cr_expect(fabsf(O[i * ldo + c] - Or[i * ldo + c]) <= 2e-6f + 1e-5f * fabsf(Or[i * ldo + c]),
-                                      "flash d=%d t=%d nq=%d h16=%d [%d][%d]: %.9g vs %.9g", d, t, nq, h16, i, c,
-                                      O[i * ldo + c], Or[i * ldo + c]);
+                                      "flash d=%d t=%d nq=%d h16=%d nh=%d [%d][%d]: %.9g vs %.9g", d, t, nq, h16, nh, i,
+                                      c, O[i * ldo + c], Or[i * ldo + c]);
                         }
                     free(Q), free(K), free(V), free(S), free(O), free(Or), free(work), free(len), free(Kh), free(Vh);
                 }

@@ -790,9 +790,9 @@ static inline __m512 exp512(__m512 x)
 
 /* ---- flash attention with the queries in the vector lanes (ops.h: ops_attn_flash) ------------- */
 
-size_t ops_attn_flash_floats(int d)
+size_t ops_attn_flash_floats(int nh, int d)
 {
-    return (size_t)d * 64 + 2 * (size_t)OPS_FLASH_TILE * d + (size_t)OPS_FLASH_TILE * 64;   /* Qt, Kf, Vf, St */
+    return (size_t)nh * d * 64 + 2 * (size_t)OPS_FLASH_TILE * d + (size_t)OPS_FLASH_TILE * 64;   /* Qt, Kf, Vf, St */
 }
 
 #ifdef __AVX512F__
@@ -863,29 +863,34 @@ flash_accum(float *O, int ldo, const float *al, const float *Pt, int QS, const f
     }
 #define FLASH_U(R, U)                                                                                                  \
     switch (U) {                                                                                                       \
-    case 1: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 1); break;                                           \
-    case 2: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 2); break;                                           \
-    case 3: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 3); break;                                           \
-    default: flash_accum(O, ldo, al, St, QS, Vf, b, d, i0, c0, R, 4); break;                                          \
+    case 1: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 1); break;                                          \
+    case 2: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 2); break;                                          \
+    case 3: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 3); break;                                          \
+    default: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 4); break;                                         \
     }
 
-int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const void *K, const void *V, int h16, int t,
-                   const int *len, int d, float scale, float *work)
+int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
+                   const void *V, int h16, int t, const int *len, int d, float scale, float *work)
 {
-    if (nq < 1 || nq > 64 || d % 16 || d > 256) return -1;
+    if (nq < 1 || nq > 64 || nh < 1 || nh > 8 || d % 16 || d > 256) return -1;
     const int NV = (nq + 15) / 16, QS = 16 * NV;
-    float *Qt = work, *Kf = Qt + (size_t)d * 64, *Vf = Kf + (size_t)OPS_FLASH_TILE * d;
+    float *Kf = work + (size_t)nh * d * 64, *Vf = Kf + (size_t)OPS_FLASH_TILE * d;
     float *St = Vf + (size_t)OPS_FLASH_TILE * d, al[64], sum[64];
-    for (int c = 0; c < d; c++)   /* the queries, scaled, one dim per row; lanes past nq zero */
-        for (int i = 0; i < QS; i++) Qt[(size_t)c * QS + i] = i < nq ? Q[(size_t)i * ldq + c] * scale : 0.0f;
-    __m512 m[4], l[4];
+    __m512 ms[8][4], ls[8][4];
     __m512i L[4];
     for (int v = 0; v < NV; v++) {
         int lv[16];
         for (int k = 0; k < 16; k++) lv[k] = 16 * v + k < nq ? len[16 * v + k] : 0;
-        L[v] = _mm512_loadu_si512(lv), m[v] = _mm512_set1_ps(-INFINITY), l[v] = _mm512_setzero_ps();
+        L[v] = _mm512_loadu_si512(lv);
     }
-    for (int i = 0; i < nq; i++) memset(O + (size_t)i * ldo, 0, sizeof(float) * d);
+    for (int k = 0; k < nh; k++) {   /* each head's queries, scaled, one dim per row; lanes past nq zero */
+        float *Qt = work + (size_t)k * d * 64;
+        const float *Qk = Q + (size_t)k * hstride;
+        for (int c = 0; c < d; c++)
+            for (int i = 0; i < QS; i++) Qt[(size_t)c * QS + i] = i < nq ? Qk[(size_t)i * ldq + c] * scale : 0.0f;
+        for (int v = 0; v < NV; v++) ms[k][v] = _mm512_set1_ps(-INFINITY), ls[k][v] = _mm512_setzero_ps();
+        for (int i = 0; i < nq; i++) memset(O + (size_t)k * hstride + (size_t)i * ldo, 0, sizeof(float) * d);
+    }
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
     for (int j0 = 0; j0 < t; j0 += OPS_FLASH_TILE) {
         const int b = t - j0 < OPS_FLASH_TILE ? t - j0 : OPS_FLASH_TILE;
@@ -897,55 +902,63 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const voi
             memcpy(Kf, kr, (size_t)b * rb);
             memcpy(Vf, vr, (size_t)b * rb);
         }
-        int j = 0;
-        for (; j + 6 <= b; j += 6) FLASH_NV(6, NV)
-        for (; j < b; j++) FLASH_NV(1, NV)
-        /* each query's running max and sum; the tile's weights in place of its scores (zero past
-         * the query's length) */
-        for (int v = 0; v < NV; v++) {
-            const __m512i nv = _mm512_sub_epi32(L[v], _mm512_set1_epi32(j0));
-            __m512 tm = _mm512_set1_ps(-INFINITY);
-            for (int jj = 0; jj < b; jj++) {
-                const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
-                tm = _mm512_mask_max_ps(tm, ok, tm, _mm512_loadu_ps(St + (size_t)jj * QS + 16 * v));
-            }
-            const __m512 M = _mm512_max_ps(m[v], tm), a = exp512(_mm512_sub_ps(m[v], M));
-            __m512 ts = _mm512_setzero_ps();
-            for (int jj = 0; jj < b; jj++) {
-                const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
-                float *row = St + (size_t)jj * QS + 16 * v;
-                const __m512 p = _mm512_maskz_mov_ps(ok, exp512(_mm512_sub_ps(_mm512_loadu_ps(row), M)));
-                _mm512_storeu_ps(row, p);
-                ts = _mm512_add_ps(ts, p);
-            }
-            l[v] = _mm512_fmadd_ps(l[v], a, ts), m[v] = M;
-            _mm512_storeu_ps(al + 16 * v, a);
-        }
-        for (int i0 = 0; i0 < nq; i0 += 6)
-            for (int c0 = 0; c0 < d; c0 += 64) {
-                const int U = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
-                switch (nq - i0 < 6 ? nq - i0 : 6) {
-                case 1: FLASH_U(1, U) break;
-                case 2: FLASH_U(2, U) break;
-                case 3: FLASH_U(3, U) break;
-                case 4: FLASH_U(4, U) break;
-                case 5: FLASH_U(5, U) break;
-                default: FLASH_U(6, U) break;
+        for (int k = 0; k < nh; k++) {   /* the heads in turn over the tile, converted once */
+            const float *Qt = work + (size_t)k * d * 64;
+            __m512 *m = ms[k], *l = ls[k];
+            float *Ok = O + (size_t)k * hstride;
+            int j = 0;
+            for (; j + 6 <= b; j += 6) FLASH_NV(6, NV)
+            for (; j < b; j++) FLASH_NV(1, NV)
+            /* each query's running max and sum; the tile's weights in place of its scores (zero past
+             * the query's length) */
+            for (int v = 0; v < NV; v++) {
+                const __m512i nv = _mm512_sub_epi32(L[v], _mm512_set1_epi32(j0));
+                __m512 tm = _mm512_set1_ps(-INFINITY);
+                for (int jj = 0; jj < b; jj++) {
+                    const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
+                    tm = _mm512_mask_max_ps(tm, ok, tm, _mm512_loadu_ps(St + (size_t)jj * QS + 16 * v));
                 }
+                const __m512 M = _mm512_max_ps(m[v], tm), a = exp512(_mm512_sub_ps(m[v], M));
+                __m512 ts = _mm512_setzero_ps();
+                for (int jj = 0; jj < b; jj++) {
+                    const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
+                    float *row = St + (size_t)jj * QS + 16 * v;
+                    const __m512 p = _mm512_maskz_mov_ps(ok, exp512(_mm512_sub_ps(_mm512_loadu_ps(row), M)));
+                    _mm512_storeu_ps(row, p);
+                    ts = _mm512_add_ps(ts, p);
+                }
+                l[v] = _mm512_fmadd_ps(l[v], a, ts), m[v] = M;
+                _mm512_storeu_ps(al + 16 * v, a);
             }
+            for (int i0 = 0; i0 < nq; i0 += 6)
+                for (int c0 = 0; c0 < d; c0 += 64) {
+                    const int U = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
+                    switch (nq - i0 < 6 ? nq - i0 : 6) {
+                    case 1: FLASH_U(1, U) break;
+                    case 2: FLASH_U(2, U) break;
+                    case 3: FLASH_U(3, U) break;
+                    case 4: FLASH_U(4, U) break;
+                    case 5: FLASH_U(5, U) break;
+                    default: FLASH_U(6, U) break;
+                    }
+                }
+        }
     }
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(sum + 16 * v, l[v]);
-    for (int i = 0; i < nq; i++) {
-        const float inv = 1.0f / sum[i];
-        for (int c = 0; c < d; c++) O[(size_t)i * ldo + c] *= inv;
+    for (int k = 0; k < nh; k++) {
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(sum + 16 * v, ls[k][v]);
+        for (int i = 0; i < nq; i++) {
+            const float inv = 1.0f / sum[i];
+            float *o = O + (size_t)k * hstride + (size_t)i * ldo;
+            for (int c = 0; c < d; c++) o[c] *= inv;
+        }
     }
     return 0;
 }
 #undef FLASH_NV
 #undef FLASH_U
 #else
-int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const void *K, const void *V, int h16, int t,
-                   const int *len, int d, float scale, float *work)
+int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
+                   const void *V, int h16, int t, const int *len, int d, float scale, float *work)
 {
     return -1;
 }

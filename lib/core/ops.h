@@ -101,16 +101,18 @@ void ops_attn_accum_multi_f16(float *O, int ldo, const float *P, int nq, const i
                               int d);
 void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, const int *len, const uint16_t *V,
                                   int t, int d);
-/* Flash attention of nq <= 64 queries (Q, ldq apart) over t key and value rows (f32, or f16 when
- * h16; d apart, d a multiple of 16 up to 256), query i over rows 0..len[i]-1: O[i ldo + c] =
- * softmax(scale q_i . K) V, by tiles of OPS_FLASH_TILE rows under a running max and sum, with
- * the queries in the vector lanes (each key and value element is loaded once for 16 of them).
- * work: ops_attn_flash_floats(d) floats. Returns -1, writing nothing, for shapes it does
- * not take or without AVX-512 (the caller then attends otherwise). */
+/* Flash attention of nh <= 8 heads of nq <= 64 queries each over the same t key and value rows
+ * (f32, or f16 when h16; d apart, d a multiple of 16 up to 256): head k's query i (at Q + k
+ * hstride + i ldq) over rows 0..len[i]-1, into O + k hstride + i ldo = softmax(scale q . K) V.
+ * By tiles of OPS_FLASH_TILE rows, read once for the heads, under a running max and sum per
+ * query, with the queries in the vector lanes (each key and value element loaded once for 16 of
+ * them): a GQA group's heads in a prefill batch. work: ops_attn_flash_floats(nh, d) floats.
+ * Returns -1, writing nothing, for shapes it does not take or without AVX-512 (the caller then
+ * attends otherwise). */
 enum { OPS_FLASH_TILE = 256 };
-int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, const void *K, const void *V, int h16, int t,
-                   const int *len, int d, float scale, float *work);
-size_t ops_attn_flash_floats(int d);
+int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
+                   const void *V, int h16, int t, const int *len, int d, float scale, float *work);
+size_t ops_attn_flash_floats(int nh, int d);
 /* f32 <-> f16, rounding to nearest even (exactly gguf_f32_to_f16 / gguf_f16_to_f32) */
 void ops_f32_to_f16(uint16_t *y, const float *x, int n);
 void ops_f32_to_f16_ref(uint16_t *y, const float *x, int n);

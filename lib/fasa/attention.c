@@ -195,42 +195,48 @@ static void attend_batch(const model *m, run_state *s, int l, int h, int r0, int
     kvcache_accum(kv, l, g, 0, NULL, t, S, nq, len, s->att_out + (size_t)r0 * qd + (size_t)h * d, qd);
 }
 
-/* attend_batch over long caches: flash attention (ops_attn_flash: key tiles under a running max
- * and sum per query, the queries in the vector lanes), whose tiles of scores and values stay in
- * L2, instead of every query's whole row of scores written and read back from memory, by a
- * kernel that loads each key and value element once for 16 queries. Used from ATTN_TILED_FROM
- * keys on, when no statistic needs each query's weights; 0 when done, -1 (nothing done) when
- * the kernel does not take the shape or the build has none. */
+/* A KV group's heads over a long cache, queries r0..r1 of the batch: flash attention
+ * (ops_attn_flash: key tiles read once for the group's heads, a running max and sum per query,
+ * the queries in the vector lanes), whose tiles of scores and values stay in L2, instead of each
+ * head's whole rows of scores written and read back from memory by attend_batch. Used from
+ * ATTN_TILED_FROM keys on, when no statistic needs each query's weights; 0 when done, -1
+ * (nothing done) when the kernel does not take the shape or the build has none. */
 enum { ATTN_TILED_FROM = 2048 };
 
-static int attend_batch_tiled(const model *m, run_state *s, int l, int h, int r0, int r1)
+static int attend_group_flash(const model *m, run_state *s, int l, int g, int r0, int r1)
 {
     const model_config *c = &m->cfg;
     const kvcache *kv = &s->kv;
     const struct attn_work *w = s->attn;
-    const int d = c->d_head, qd = c->n_head * d, g = h / w->grp, nq = r1 - r0, t = s->n_past + r1;
-    const float *Q = s->q + (size_t)r0 * qd + (size_t)h * d;
+    const int d = c->d_head, qd = c->n_head * d, h0 = g * w->grp, nq = r1 - r0, t = s->n_past + r1;
+    const float *Q = s->q + (size_t)r0 * qd + (size_t)h0 * d;
     float *work = w->bscores + (size_t)omp_get_thread_num() * w->n_batch * w->n_ctx * (kv->n_split ? 2 : 1);
-    int len[512];
+    int len[64];   /* nq <= 64: batch_tiled */
     for (int i = 0; i < nq; i++) len[i] = s->n_past + r0 + i + 1;
-    if (kv->n_split || ops_attn_flash_floats(d) > (size_t)w->n_batch * w->n_ctx ||
-        ops_attn_flash(s->att_out + (size_t)r0 * qd + (size_t)h * d, qd, Q, nq, qd, kvcache_k(kv, l, g),
+    if (ops_attn_flash(s->att_out + (size_t)r0 * qd + (size_t)h0 * d, qd, Q, nq, qd, w->grp, d, kvcache_k(kv, l, g),
                        kvcache_v(kv, l, g), kv->f16, t, len, d, 1.0f / sqrtf((float)d), work) < 0)
         return -1;
-    for (int i = 0; i < nq; i++) {
-        if (s->obs && s->obs->on_query) s->obs->on_query(s->obs->ctx, m, s, l, h, len[i] - 1, Q + (size_t)i * qd);
-        count_bytes(s, (uint64_t)len[i] * 2 * d * kvcache_esz(kv));
-    }
+    for (int h = h0; h < h0 + w->grp; h++)
+        for (int i = 0; i < nq; i++) {
+            if (s->obs && s->obs->on_query)
+                s->obs->on_query(s->obs->ctx, m, s, l, h, len[i] - 1, Q + (size_t)i * qd + (size_t)(h - h0) * d);
+            count_bytes(s, (uint64_t)len[i] * 2 * d * kvcache_esz(kv));
+        }
     return 0;
 }
 
-/* Queries r0..r1 of the batch take the tiled path: a long cache, and no statistic that adds up
- * each query's weights (H2O's, or SnapKV's votes for a query in its window). */
-static int batch_tiled(const run_state *s, int r0, int r1)
+/* A batch of n queries in `halves` parts takes the flash path: a long cache, parts the kernel
+ * takes, keys in one part, room for its scratch, and no statistic that adds up each query's
+ * weights (H2O's, or SnapKV's votes for a query in its window). What the kernel may still refuse
+ * (head dims, group size, a build without AVX-512) is the same for every part. */
+static int batch_tiled(const model *m, const run_state *s, int n, int halves)
 {
     const attn_stats *st = s->stats;
-    const int p0 = s->n_past + r0, p1 = s->n_past + r1;
-    if (p1 < ATTN_TILED_FROM || (st && st->h2o)) return 0;
+    const struct attn_work *w = s->attn;
+    const int p0 = s->n_past, p1 = s->n_past + n;
+    if (p1 < ATTN_TILED_FROM || (n + halves - 1) / halves > 64 || s->kv.n_split || (st && st->h2o) ||
+        ops_attn_flash_floats(w->grp, m->cfg.d_head) > (size_t)w->n_batch * w->n_ctx)
+        return 0;
     return !(st && st->votes && p0 < st->snap_hi && p1 > st->snap_lo);
 }
 
@@ -346,10 +352,19 @@ int attention_layer(const model *m, run_state *s, int l, int n, char *err)
     case ATTN_DENSE_BATCH: {
         /* per head, in two halves so that two threads share nine heads evenly */
         const int halves = n >= 16 ? 2 : 1;
+        if (batch_tiled(m, s, n, halves)) {   /* a KV group's heads together, by key tiles */
+            int refused = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads()) reduction(| : refused)
+            for (int it = 0; it < c->n_kv_head * halves; it++) {
+                const int g = it / halves, part = it % halves;
+                refused |= attend_group_flash(m, s, l, g, part * n / halves, (part + 1) * n / halves) < 0;
+            }
+            if (!refused) return 0;   /* refused: by every item alike (the shape), none done */
+        }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(ops_threads())
         for (int it = 0; it < c->n_head * halves; it++) {
-            const int h = it / halves, part = it % halves, r0 = part * n / halves, r1 = (part + 1) * n / halves;
-            if (!batch_tiled(s, r0, r1) || attend_batch_tiled(m, s, l, h, r0, r1) < 0) attend_batch(m, s, l, h, r0, r1);
+            const int h = it / halves, part = it % halves;
+            attend_batch(m, s, l, h, part * n / halves, (part + 1) * n / halves);
         }
         return 0;
     }
