@@ -856,17 +856,17 @@ flash_accum(float *O, int ldo, const float *al, const float *Pt, int QS, const f
 
 #define FLASH_NV(R, NV)                                                                                                \
     switch (NV) {                                                                                                      \
-    case 1: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 1); break;                             \
-    case 2: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 2); break;                             \
-    case 3: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 3); break;                             \
-    default: flash_scores(St + (size_t)j * QS, QS, Qt, Kf + (size_t)j * d, d, R, 4); break;                            \
+    case 1: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 1); break;                             \
+    case 2: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 2); break;                             \
+    case 3: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 3); break;                             \
+    default: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 4); break;                            \
     }
 #define FLASH_U(R, U)                                                                                                  \
     switch (U) {                                                                                                       \
-    case 1: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 1); break;                                          \
-    case 2: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 2); break;                                          \
-    case 3: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 3); break;                                          \
-    default: flash_accum(Ok, ldo, al, St, QS, Vf, b, d, i0, c0, R, 4); break;                                         \
+    case 1: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 1); break;                                          \
+    case 2: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 2); break;                                          \
+    case 3: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 3); break;                                          \
+    default: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 4); break;                                         \
     }
 
 int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
@@ -895,12 +895,11 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, i
     for (int j0 = 0; j0 < t; j0 += OPS_FLASH_TILE) {
         const int b = t - j0 < OPS_FLASH_TILE ? t - j0 : OPS_FLASH_TILE;
         const char *kr = (const char *)K + (size_t)j0 * rb, *vr = (const char *)V + (size_t)j0 * rb;
+        const float *kf = (const float *)kr, *vf = (const float *)vr;   /* f32 rows: read in place */
         if (h16) {
             ops_f16_to_f32(Kf, (const uint16_t *)kr, b * d);
             ops_f16_to_f32(Vf, (const uint16_t *)vr, b * d);
-        } else {
-            memcpy(Kf, kr, (size_t)b * rb);
-            memcpy(Vf, vr, (size_t)b * rb);
+            kf = Kf, vf = Vf;
         }
         for (int k = 0; k < nh; k++) {   /* the heads in turn over the tile, converted once */
             const float *Qt = work + (size_t)k * d * 64;
