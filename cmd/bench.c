@@ -63,6 +63,8 @@ static const char usage_text[] =
     "                        8192 tokens, budget 1024, policies default, full, stream: a smoke check\n"
     "      --show            ruler: print each sample's question, expected answers and every\n"
     "                        policy's output on stderr\n"
+    "      --progress        a progress line on stderr per step even when it is not a terminal\n"
+    "                        (a log); on a terminal one line is rewritten, flag or not\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
     "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
@@ -129,12 +131,17 @@ static int parse_doubles(const char *flag, const char *s, double *out, int max)
     return n ? n : (die("option '%s' is empty", flag), -1);
 }
 
+/* Progress on stderr: one line rewritten on a terminal; with --progress elsewhere (a log), a line
+ * each time. */
+static int progress_lines;
+
 static void progress(void *ctx, int done, int total)
 {
     const double el = fasa_now() - *(double *)ctx;
-    fprintf(stderr, "\rbench: %d/%d, %.0f s", done, total, el);
-    if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left ", el / done * (total - done));
-    if (done == total) fputc('\n', stderr);
+    fprintf(stderr, "%sbench: %d/%d, %.0f s", progress_lines ? "" : "\r", done, total, el);
+    if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left%s", el / done * (total - done),
+                                          progress_lines ? "" : " ");
+    if (done == total || progress_lines) fputc('\n', stderr);
 }
 
 /* Reads and concatenates files (with a blank line between). */
@@ -279,7 +286,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     }
     if ((n = bench_ids(m, texts, n_texts, &text, &ids)) < 0) goto out;
     double t0 = fasa_now();
-    if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
+    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &t0;
     int rc = bench_speed(m, pp, ids, n, &cfg, &rows, &n_rows, err);
     if (rc < 0) { status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err); goto out; }
 
@@ -404,7 +411,7 @@ int cmd_bench(int argc, char **argv)
         { "tip", required_argument, 0, 'I' },     { "ids", required_argument, 0, 'i' },
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
         { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
-        { "group-rerank", required_argument, 0, 'g' },
+        { "group-rerank", required_argument, 0, 'g' }, { "progress", no_argument, 0, 'r' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -453,6 +460,7 @@ int cmd_bench(int argc, char **argv)
         case 'w': if (parse_int("--windows", optarg, 1, 64, &windows)) return EXIT_USAGE; break;
         case 'Q': task_list = optarg; break;
         case 'q': quick = 1; break;
+        case 'r': progress_lines = !isatty(2); break;
         case 'o': show = 1; break;
         case 'c': csv = optarg; break;
         case 'i': ids_file = optarg; break;
@@ -542,7 +550,7 @@ int cmd_bench(int argc, char **argv)
         }
     }
     double t0 = fasa_now();
-    if (isatty(2)) cfg.progress = progress, cfg.progress_ctx = &t0;
+    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &t0;
 
     int rc;
     if (!strcmp(task, "passkey")) {

@@ -361,13 +361,17 @@ Test(cli, real_model_ruler_first_sample, .timeout = 600)
     snprintf(args, sizeof args, "bench %s --task ruler --tasks vt --context 1024 --policy full --samples 2 --show", m);
     cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
     snprintf(args, sizeof args,
-             "bench %s --task ruler --tasks vt --context 1024 --policy full --first-sample 2 --samples 1 --show", m);
+             "bench %s --task ruler --tasks vt --context 1024 --policy full --first-sample 2 --samples 1 --show"
+             " --progress", m);
     cr_assert_eq(fasa(args, &out2, &err2), 0, "%s", err2);
     char *a1 = shown_answers(err, 1), *a2 = shown_answers(err, 2), *b2 = shown_answers(err2, 2);
     cr_assert(a1 && a2 && b2, "no sample lines in: %s\n%s", err, err2);
     cr_expect_str_eq(b2, a2, "sample 2 differs when run alone");
     cr_expect_str_neq(a1, a2, "samples 1 and 2 ask the same");
     cr_expect_null(strstr(err2, "sample 1: "), "--first-sample 2 ran sample 1");
+    /* progress reaches a log (stderr is a pipe here) only when asked for, a line each */
+    cr_expect_null(strstr(err, "bench: "), "progress without --progress: %s", err);
+    cr_expect_not_null(strstr(err2, "bench: 1/1, "), "no progress line with --progress: %s", err2);
     free(a1), free(a2), free(b2);
     free(out), free(err), free(out2), free(err2);
     /* on the real model, so that the flag is the only thing wrong */

@@ -130,6 +130,11 @@ static int bench_stats_flags(const bench_cfg *cfg)
     return f;
 }
 
+/* The statistics a run keeps up: those of the listed policies while prefilling (flags: theirs),
+ * a policy's own while it decodes, none where none are read: a run state with statistics
+ * attends one query at a time, one without takes the decode paths `fasa run` takes. */
+static attn_stats *stats_kept(attn_stats *st, int flags) { return flags & st->flags ? st : NULL; }
+
 static int add_row(bench_row **rows, int *n, const char *task, const char *policy, int budget, int context,
                    double value, double extra, double depth)
 {
@@ -143,6 +148,29 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
     x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth, x->layer = -1;
     x->kl = x->agree = -1;
     return 0;
+}
+
+/* The cache options every policy of cfg can read: the TIP copy of the first policy with one
+ * (policies of its F and profile read it; one of another F has another map and, as a policy
+ * without a copy in the cache, rounds each key itself: the same scores far slower). Returns the
+ * map the options point at (the caller frees it after the last run state is made), or NULL. */
+static int16_t *bench_kv_opts(const model *m, const bench_cfg *cfg, kv_opts *ko, char *err)
+{
+    for (int i = 0; i < cfg->n_policy; i++) {
+        policy pol;
+        if (!cfg->policies[i].o.tip_bits || policy_init(&pol, m, &cfg->policies[i].o, err) < 0) continue;
+        kv_opts tmp = *ko;
+        policy_kv_opts(&pol, &tmp);
+        const size_t n = (size_t)m->cfg.n_layer * m->cfg.n_kv_head * tmp.tip_width;
+        int16_t *map = malloc(sizeof *map * n);
+        if (map) {
+            memcpy(map, tmp.tip_map, sizeof *map * n);
+            ko->tip_width = tmp.tip_width, ko->tip_map = map;
+        }
+        policy_free(&pol);
+        return map;
+    }
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- compound CA */
@@ -362,6 +390,8 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
         free(nll), free(sel), free(kl), free(agree), free(ref), free(ref_top);
         return fasa_error(err, FASA_ENOMEM, "out of memory");
     }
+    kv_opts ko = { .f16 = cfg->kv_f16 };
+    int16_t *map = bench_kv_opts(m, cfg, &ko, err);
     for (int ci = 0; ci < cfg->n_ctx && rc == 0; ci++) {
         const int C = cfg->contexts[ci], P = C - M;
         memset(nll, 0, sizeof *nll * runs), memset(sel, 0, sizeof *sel * runs);
@@ -370,7 +400,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
          * each with its own cache and statistics */
         for (int w = 0; w < W && rc == 0; w++) {
             const int32_t *x = ids + (W > 1 ? (int64_t)w * (n - C - 1) / (W - 1) : 0);
-            run_state *s = run_state_new_kv(m, C, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
+            run_state *s = run_state_new_kv(m, C, 64, &ko, err);
             if (!s) {
                 rc = FASA_ENOMEM;
                 break;
@@ -380,7 +410,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                 run_state_free(s);
                 break;
             }
-            s->stats = &st;
+            s->stats = stats_kept(&st, st.flags);
             stats_snap sn = { 0 };
             if ((rc = model_prefill(m, s, x, P, NULL, err)) < 0) goto next;
             snap_take(&sn, &st);
@@ -394,6 +424,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
                     o.budget = bp->o.kind == POLICY_FULL ? C : cfg->budgets[bi];
                     if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
                     snap_restore(&sn, &st);
+                    s->stats = stats_kept(&st, policy_stats_flags(o.kind));
                     s->n_past = P;
                     if ((rc = attention_use_policy(s, &pol, P, err)) < 0) {
                         policy_free(&pol);
@@ -449,7 +480,7 @@ int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, b
             }
         }
     }
-    free(nll), free(sel), free(kl), free(agree), free(ref), free(ref_top);
+    free(nll), free(sel), free(kl), free(agree), free(ref), free(ref_top), free(map);
     return rc < 0 ? rc : 0;
 }
 
@@ -504,6 +535,8 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
     int nb_all = cfg->n_policy * cfg->n_budget;
     int *hits = calloc((size_t)cfg->n_ctx * cfg->n_depth * nb_all, sizeof *hits);
     if (!hits) return fasa_error(err, FASA_ENOMEM, "out of memory");
+    kv_opts ko = { .f16 = cfg->kv_f16 };
+    int16_t *map = bench_kv_opts(m, cfg, &ko, err);
     uint64_t rng = 12345;
     for (int li = 0; li < cfg->n_ctx && rc == 0; li++) {
         for (int di = 0; di < cfg->n_depth && rc == 0; di++) {
@@ -512,14 +545,14 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                 int32_t *ids = NULL;
                 int n = passkey_prompt(m, cfg->contexts[li], cfg->depths[di], key, &ids, err);
                 if (n < 0) { rc = n; break; }
-                run_state *s = run_state_new_kv(m, n + n_gen, 64, &(kv_opts){ .f16 = cfg->kv_f16 }, err);
+                run_state *s = run_state_new_kv(m, n + n_gen, 64, &ko, err);
                 attn_stats st;
                 stats_snap sn = { 0 };
                 if (!s) { free(ids); rc = FASA_ENOMEM; break; }
                 if ((rc = attn_stats_init(&st, m, n + n_gen, bench_stats_flags(cfg), n, err)) < 0) {
                     run_state_free(s); free(ids); break;
                 }
-                s->stats = &st;
+                s->stats = stats_kept(&st, st.flags);
                 /* prefill all but the last prompt token densely; it is the first decode step */
                 if ((rc = model_prefill(m, s, ids, n - 1, NULL, err)) == 0) snap_take(&sn, &st);
                 char want[16];
@@ -532,6 +565,7 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                         o.budget = cfg->budgets[bi];
                         if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
                         snap_restore(&sn, &st);
+                        s->stats = stats_kept(&st, policy_stats_flags(o.kind));
                         s->n_past = n - 1;
                         if ((rc = attention_use_policy(s, &pol, n - 1, err)) < 0) { policy_free(&pol); break; }
                         char outbuf[256];
@@ -568,34 +602,11 @@ int bench_passkey(const model *m, const bench_cfg *cfg, bench_row **rows, int *n
                                     (double)seeds,
                                 seeds, cfg->depths[di]) < 0)
                         rc = fasa_error(err, FASA_ENOMEM, "out of memory");
-    free(hits);
+    free(hits), free(map);
     return rc;
 }
 
 /* ---------------------------------------------------------------- ruler */
-
-/* The cache options every policy of cfg can read: the TIP copy of the first policy with one
- * (policies of its F and profile read it; one of another F has another map and, as a policy
- * without a copy in the cache, rounds each key itself: the same scores far slower). Returns the
- * map the options point at (the caller frees it after the last run state is made), or NULL. */
-static int16_t *bench_kv_opts(const model *m, const bench_cfg *cfg, kv_opts *ko, char *err)
-{
-    for (int i = 0; i < cfg->n_policy; i++) {
-        policy pol;
-        if (!cfg->policies[i].o.tip_bits || policy_init(&pol, m, &cfg->policies[i].o, err) < 0) continue;
-        kv_opts tmp = *ko;
-        policy_kv_opts(&pol, &tmp);
-        const size_t n = (size_t)m->cfg.n_layer * m->cfg.n_kv_head * tmp.tip_width;
-        int16_t *map = malloc(sizeof *map * n);
-        if (map) {
-            memcpy(map, tmp.tip_map, sizeof *map * n);
-            ko->tip_width = tmp.tip_width, ko->tip_map = map;
-        }
-        policy_free(&pol);
-        return map;
-    }
-    return NULL;
-}
 
 static int count_tokens(void *ctx, const char *text, size_t len)
 {
@@ -665,7 +676,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                     run_state_free(s), free(ids), ruler_sample_free(&smp);
                     break;
                 }
-                s->stats = &st;
+                s->stats = stats_kept(&st, st.flags);
                 if (cfg->show) {
                     const size_t pl = strlen(smp.prompt);
                     fprintf(stderr, "ruler %s, %d tokens, sample %d: ...%s%s\n  expected:", ruler_task_name(t), n,
@@ -684,6 +695,7 @@ int bench_ruler(const model *m, const bench_cfg *cfg, uint64_t tasks, bench_row 
                         o.budget = bp->o.kind == POLICY_FULL ? n + n_gen : cfg->budgets[bi];
                         if ((rc = policy_init(&pol, m, &o, err)) < 0) break;
                         snap_restore(&sn, &st);
+                        s->stats = stats_kept(&st, policy_stats_flags(o.kind));
                         s->n_past = n - 1;
                         if ((rc = attention_use_policy(s, &pol, n - 1, err)) < 0) { policy_free(&pol); break; }
                         char out[2048];
