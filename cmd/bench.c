@@ -137,9 +137,14 @@ static int progress_lines;
 
 static void progress(void *ctx, int done, int total)
 {
+    /* the rate from the first step on: the first may hold a prefill the others share (ppl) */
+    static double first;
+    static int first_done;
     const double el = fasa_now() - *(double *)ctx;
+    if (!first_done) first = el, first_done = done;
+    const double rate = done > first_done ? (el - first) / (done - first_done) : el / (done > 0 ? done : 1);
     fprintf(stderr, "%sbench: %d/%d, %.0f s", progress_lines ? "" : "\r", done, total, el);
-    if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left%s", el / done * (total - done),
+    if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left%s", rate * (total - done),
                                           progress_lines ? "" : " ");
     if (done == total || progress_lines) fputc('\n', stderr);
 }
