@@ -135,14 +135,16 @@ static int parse_doubles(const char *flag, const char *s, double *out, int max)
  * each time. */
 static int progress_lines;
 
+/* The clock of a run: its start, and when its first report came and how far it had got. */
+typedef struct progress_clock { double t0, first; int first_done; } progress_clock;
+
 static void progress(void *ctx, int done, int total)
 {
-    /* the rate from the first step on: the first may hold a prefill the others share (ppl) */
-    static double first;
-    static int first_done;
-    const double el = fasa_now() - *(double *)ctx;
-    if (!first_done) first = el, first_done = done;
-    const double rate = done > first_done ? (el - first) / (done - first_done) : el / (done > 0 ? done : 1);
+    progress_clock *pc = ctx;
+    const double el = fasa_now() - pc->t0;
+    if (!pc->first_done) pc->first = el, pc->first_done = done;
+    /* the rate from the first report on: the first step may hold a prefill the others share (ppl) */
+    const double rate = done > pc->first_done ? (el - pc->first) / (done - pc->first_done) : el / (done > 0 ? done : 1);
     fprintf(stderr, "%sbench: %d/%d, %.0f s", progress_lines ? "" : "\r", done, total, el);
     if (done > 0 && done < total) fprintf(stderr, ", about %.0f s left%s", rate * (total - done),
                                           progress_lines ? "" : " ");
@@ -290,8 +292,8 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         goto out;
     }
     if ((n = bench_ids(m, texts, n_texts, &text, &ids)) < 0) goto out;
-    double t0 = fasa_now();
-    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &t0;
+    progress_clock pc = { .t0 = fasa_now() };
+    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &pc;
     int rc = bench_speed(m, pp, ids, n, &cfg, &rows, &n_rows, err);
     if (rc < 0) { status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err); goto out; }
 
@@ -382,7 +384,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     }
     cJSON_Delete(a);
     fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
-            "%d prefilled tokens tiled to depth%s%s; roofline against %.1f GB/s%s)\n", n_rows, fasa_now() - t0,
+            "%d prefilled tokens tiled to depth%s%s; roofline against %.1f GB/s%s)\n", n_rows, fasa_now() - pc.t0,
             omp_get_max_threads(), cfg.repeats, cfg.steps, kv_type_name(cfg.kv_f16), speed_fill(&cfg),
             cfg.tip ? "; fasa: --tip " : "", cfg.tip ? fasa_tip_name(cfg.tip) : "", n_rows ? rows[0].bandwidth : 0,
             cfg.bandwidth > 0 ? ", given" : ", a read sweep measured in this run");
@@ -554,8 +556,8 @@ int cmd_bench(int argc, char **argv)
             goto out;
         }
     }
-    double t0 = fasa_now();
-    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &t0;
+    progress_clock pc = { .t0 = fasa_now() };
+    if (isatty(2) || progress_lines) cfg.progress = progress, cfg.progress_ctx = &pc;
 
     int rc;
     if (!strcmp(task, "passkey")) {
@@ -583,7 +585,7 @@ int cmd_bench(int argc, char **argv)
         status = rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
         goto out;
     }
-    double secs = fasa_now() - t0;
+    double secs = fasa_now() - pc.t0;
 
     if (json) {
         cJSON *a = cJSON_CreateArray();
