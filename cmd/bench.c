@@ -48,7 +48,8 @@ static const char usage_text[] =
     "                        4), -rN recent tokens (default half the budget), @L.L dense layers,\n"
     "                        -dN or -dKx the dense layers' budget (N tokens, K times the budget),\n"
     "                        -xR rerank, -u every head TIP over its group's whole 4-bit copy (as\n"
-    "                        default), -own over its own chunks only (the default until 2026-11-27);\n"
+    "                        default), -own over its own chunks only (the default until 2026-11-27),\n"
+    "                        -tail the unchosen tokens as one estimate ('fasa run --tail on');\n"
     "                        default takes them too (default-d0: layer 0 attends to every token)\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024);\n"
     "                        speed: one N, or auto as 'fasa run --budget auto' (--target-mass P)\n"
@@ -74,6 +75,7 @@ static const char usage_text[] =
     "      --per-head        speed: the same as --tip union (older name)\n"
     "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
     "      --group-rerank R  speed: as 'fasa run --group-rerank' (ppl, passkey, ruler: default-gxR)\n"
+    "      --tail on|off     speed: as 'fasa run --tail' (ppl, passkey, ruler: default-tail)\n"
     "      --dense-budget N  speed: fasa-c's and fasa-m's dense layers as 'fasa run --dense-budget'\n"
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
@@ -216,6 +218,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
 static long group_rerank = -1; /* --group-rerank (speed) */
+static int tail = -1;          /* --tail on|off (speed) */
 static int dense_budget = SESSION_DENSE_BUDGET; /* --dense-budget (speed) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
@@ -251,6 +254,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.tip = tip;
     cfg.rerank = (int)rerank;
     cfg.group_rerank = (int)group_rerank;
+    cfg.tail = tail;
     cfg.dense_budget = dense_budget;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -419,6 +423,7 @@ int cmd_bench(int argc, char **argv)
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
         { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
         { "group-rerank", required_argument, 0, 'g' }, { "progress", no_argument, 0, 'r' },
+        { "tail", required_argument, 0, 'l' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -454,6 +459,11 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
+        case 'l':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+                return die_usage("--tail takes on or off, not '%s'", optarg);
+            tail = !strcmp(optarg, "on");
+            break;
         case 'g': if (parse_int("--group-rerank", optarg, 0, 64, &group_rerank)) return EXIT_USAGE; break;
         case 'd': if (parse_dense_budget(optarg, &dense_budget)) return EXIT_USAGE; break;
         case 'm':

@@ -53,6 +53,9 @@ static const char usage_text[] =
     "      --group-rerank R  fasa, --tip q4: TIP picks R times the tokens per head, and every head\n"
     "                        keeps the best of its KV group's union of picks by exact scores (0:\n"
     "                        off, the default; not with --rerank or --budget auto)\n"
+    "      --tail on|off     fasa: the tokens left unchosen join attention as one estimate (their\n"
+    "                        logits from TIP's scores, their values the mean value; CPU, not with\n"
+    "                        --group or --budget auto). Default off. README, Accuracy\n"
     "      --exact           every weight product in f32 over dequantised rows (activations not\n"
     "                        rounded to integers as the fast kernels do; slower): what an f32\n"
     "                        reference on the dequantised weights computes (make verify)\n"
@@ -87,7 +90,7 @@ enum { OPT_MODE = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_SEED, OPT_CHAT, OPT_RAW
        OPT_CTX, OPT_IGNORE_EOS, OPT_IDS, OPT_PRINT_IDS, OPT_DUMP, OPT_JSON, OPT_BUDGET, OPT_FCS,
        OPT_DENSE, OPT_GROUP, OPT_DEVICE, OPT_PER_HEAD, OPT_KV_COLD, OPT_ORDER, OPT_EXACT, OPT_KV_TYPE, OPT_DENSE_LIST,
        OPT_DENSE_BUDGET, OPT_SINKS, OPT_RECENT, OPT_TIP, OPT_MASS, OPT_RERANK,
-       OPT_GROUP_RERANK };
+       OPT_GROUP_RERANK, OPT_TAIL };
 
 static const struct option long_opts[] = {
     { "model", required_argument, 0, 'm' },      { "mode", required_argument, 0, OPT_MODE },
@@ -109,6 +112,7 @@ static const struct option long_opts[] = {
     { "recent", required_argument, 0, OPT_RECENT }, { "tip", required_argument, 0, OPT_TIP },
     { "rerank", required_argument, 0, OPT_RERANK },
     { "group-rerank", required_argument, 0, OPT_GROUP_RERANK },
+    { "tail", required_argument, 0, OPT_TAIL },
     { "target-mass", required_argument, 0, OPT_MASS }, { "dense-budget", required_argument, 0, OPT_DENSE_BUDGET },
     { 0, 0, 0, 0 },
 };
@@ -228,6 +232,11 @@ int cmd_run(int argc, char **argv)
         case OPT_GROUP_RERANK:
             if (parse_int("--group-rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
             so.group_rerank = (int)v;
+            break;
+        case OPT_TAIL:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+                return die_usage("--tail takes on or off, not '%s'", optarg);
+            so.tail = !strcmp(optarg, "on");
             break;
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_EXACT: so.exact = 1; break;

@@ -27,7 +27,7 @@ int fasa_mode_parse(const char *s)
 session_opts session_defaults(void)
 {
     return (session_opts){ .budget = 256, .n_dense_layers = 1, .dense_budget = SESSION_DENSE_BUDGET, .n_sink = -1,
-                           .n_recent = -1, .kv_f16 = -1, .n_batch = 64 };
+                           .n_recent = -1, .tail = SESSION_TAIL, .kv_f16 = -1, .n_batch = 64 };
 }
 
 int session_find_profile(const model *m, const char *model_path, const char *path, profile *out, char *where,
@@ -173,6 +173,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     po->group_rerank = o->group_rerank;
+    po->tail = o->tail && !o->group && !(o->target_mass > 0) && o->device != FASA_DEVICE_CUDA;
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
@@ -257,6 +258,9 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         snprintf(ss->note + strlen(ss->note) - 1, sizeof ss->note - strlen(ss->note) + 1, "; %s %dx)",
                  po->group_rerank > 0 ? "the group's picks reranked" : "TIP's picks reranked",
                  po->group_rerank > 0 ? po->group_rerank : po->rerank);
+    if (po->tail)
+        snprintf(ss->note + strlen(ss->note) - 1, sizeof ss->note - strlen(ss->note) + 1,
+                 "; the unchosen rows as one estimate)");
     return 0;
 }
 

@@ -44,6 +44,9 @@ enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
 /* the dense layer (layer 0) attends to 4 times the budget, chosen as the others' tokens are:
  * chosen on the calibration text (README, Accuracy) */
 #define SESSION_DENSE_BUDGET (-4)
+/* The tail estimate off by default until RULER has run with it (README, "The unchosen rows as one
+ * estimate") */
+#define SESSION_TAIL 0
 
 /* What the token importance predictor reads. */
 enum fasa_tip {
@@ -74,6 +77,8 @@ typedef struct session_opts {
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
     int rerank;                /* > 1: TIP picks rerank times N - forced tokens, exact scores keep the best */
+    int tail;                  /* the rows left unchosen join as one estimate (policy_opts.tail): 1 on,
+                                * 0 off; not with group, target_mass or the CUDA device */
     int group_rerank;          /* >= 1: TIP picks group_rerank times that per head, each head keeps the
                                 * best of its KV group's union by exact scores (policy_opts) */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */

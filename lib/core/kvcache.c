@@ -107,6 +107,13 @@ int kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head,
             return fasa_error(err, FASA_ENOMEM, "cannot allocate a TIP copy of %d tokens", n_ctx);
         }
     }
+    if (o && o->value_sums) {
+        const size_t n = (size_t)n_layer * n_kv_head * (n_ctx / KVCACHE_VSUM_ROWS) * d_head;
+        if (!(kv->vcum = malloc((n ? n : 1) * sizeof *kv->vcum))) {
+            kvcache_free(kv);
+            return fasa_error(err, FASA_ENOMEM, "out of memory");
+        }
+    }
     if (cold_dir) {
         /* FASA-M: what TIP reads stays (the dominant block, or the copy); the rest goes cold */
         const size_t ck = tw ? nk : nr;
@@ -137,7 +144,8 @@ void kvcache_free(kvcache *kv)
         free(kv->k), free(kv->kr), free(kv->v);
     }
     free(kv->tip_map), free(kv->tip_w), free(kv->tip_at), free(kv->tq), free(kv->tscale);
-    free(kv->toff), free(kv->tset);
+    free(kv->toff), free(kv->tset), free(kv->vcum);
+    kv->vcum = NULL;
     kv->k = kv->kr = kv->v = kv->cold = NULL;
     kv->tip_map = NULL, kv->tip_w = NULL, kv->tip_at = NULL, kv->tq = NULL, kv->tscale = NULL;
     kv->toff = NULL, kv->tset = NULL;
@@ -186,8 +194,10 @@ double kvcache_tip_bytes(const kvcache *kv) { return tip_token_bytes(kv) / (kv->
 
 size_t kvcache_resident_bytes(const kvcache *kv, int n_tokens)
 {
+    const size_t vsums = kv->vcum ? (size_t)kv->n_layer * kv->n_kv_head * (n_tokens / KVCACHE_VSUM_ROWS) *
+                                        kv->d_head * sizeof(float) : 0;
     return kvcache_bytes(kv, n_tokens) - kvcache_cold_bytes(kv, n_tokens) +
-           (size_t)((double)n_tokens * tip_token_bytes(kv) + 0.5);
+           (size_t)((double)n_tokens * tip_token_bytes(kv) + 0.5) + vsums;
 }
 
 float kvcache_tip_key(const float *key, const int16_t *map, int tw, const float *off, int8_t *v)
@@ -394,9 +404,43 @@ void kvcache_put_key(kvcache *kv, int layer, int head, int i, const float *key)
     tip_put(kv, layer, head, i, kvcache_key_row(kv, layer, head, i, row));
 }
 
+static float *vcum_at(const kvcache *kv, int layer, int head, int b)
+{
+    return kv->vcum + (((size_t)layer * kv->n_kv_head + head) * (kv->n_ctx / KVCACHE_VSUM_ROWS) + b) * kv->d_head;
+}
+
+/* Row i completes its block of KVCACHE_VSUM_ROWS: the running sum to the block's end, as stored. */
+static void vcum_update(kvcache *kv, int layer, int head, int i)
+{
+    const int B = KVCACHE_VSUM_ROWS, d = kv->d_head, b = i / B;
+    if (!kv->vcum || i % B != B - 1) return;
+    float *sum = vcum_at(kv, layer, head, b), row[1024];
+    if (b) memcpy(sum, vcum_at(kv, layer, head, b - 1), sizeof(float) * d);
+    else memset(sum, 0, sizeof(float) * d);
+    for (int r = b * B; r <= i; r++) {
+        row_get(kv, KV_VALUES, layer, head, r, row, d);
+        for (int j = 0; j < d; j++) sum[j] += row[j];
+    }
+}
+
 void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val)
 {
     row_put(kv, KV_VALUES, layer, head, i, val, kv->d_head);
+    vcum_update(kv, layer, head, i);
+}
+
+void kvcache_value_mean(const kvcache *kv, int layer, int head, int t, float *out)
+{
+    const int B = KVCACHE_VSUM_ROWS, d = kv->d_head, full = kv->vcum ? t / B : 0;   /* without sums: every row */
+    float row[1024];
+    if (full) memcpy(out, vcum_at(kv, layer, head, full - 1), sizeof(float) * d);
+    else memset(out, 0, sizeof(float) * d);
+    for (int r = full * B; r < t; r++) {
+        row_get(kv, KV_VALUES, layer, head, r, row, d);
+        for (int j = 0; j < d; j++) out[j] += row[j];
+    }
+    const float inv = t > 0 ? 1.0f / t : 0;
+    for (int j = 0; j < d; j++) out[j] *= inv;
 }
 
 /* Every line of the rb bytes at r, for reading (into L2) or writing (into L1). */
@@ -448,6 +492,8 @@ void kvcache_copy_row(kvcache *kv, int from, int to)
                 char *base = kvcache_rows(kv, p, l, g);
                 memcpy(base + (size_t)to * rb, base + (size_t)from * rb, rb);
             }
+    for (int l = 0; l < kv->n_layer; l++)
+        for (int g = 0; g < kv->n_kv_head; g++) vcum_update(kv, l, g, to);
     if (!kv->tip_width) return;
     /* the copy's row as a put of the key would write it: against the offsets of to's span */
     float row[1024];

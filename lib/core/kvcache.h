@@ -64,6 +64,7 @@ typedef struct kv_opts {
     int f16;                 /* rows stored as f16 (rounded to nearest even) instead of f32 */
     int tip_width;           /* dims of the TIP copy (a multiple of 8); 0: no copy */
     const int16_t *tip_map;  /* (n_layer, n_kv_head, tip_width) the key dim each copy dim holds, -1 none */
+    int value_sums;          /* keep running sums of the values (kvcache_value_mean) */
 } kv_opts;
 
 typedef struct kvcache {
@@ -86,7 +87,11 @@ typedef struct kvcache {
     float *toff;     /* (n_layer, n_kv_head, n_spans, tip_width) the offsets per dim of each span */
     uint8_t *tset;   /* (n_layer, n_kv_head, n_spans) the span's offsets hold for the span before as it is */
     int n_spans;     /* spans of n_ctx keys (kvcache_tip_span) */
+    float *vcum;     /* value_sums: (n_layer, n_kv_head, n_ctx / KVCACHE_VSUM_ROWS, d_head) the sum of the
+                      * values of rows [0, 64 (b + 1)), taken when row 64 b + 63 is written; or NULL */
 } kvcache;
+
+#define KVCACHE_VSUM_ROWS 64
 
 int  kvcache_init(kvcache *kv, int n_layer, int n_kv_head, int n_ctx, int d_head, const kv_opts *o, char *err);
 void kvcache_free(kvcache *kv);
@@ -181,6 +186,10 @@ double kvcache_tip_bytes(const kvcache *kv);
 
 /* Key i of (layer, head) as a whole row: in place, or assembled into buf (d_head floats). */
 const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, float *buf);
+/* The mean of the values of rows [0, t) of (layer, head) into out (d_head floats), from the running
+ * sums (a cache made with value_sums; rows written in order) and the last t % 64 rows; without
+ * the sums, from every row. */
+void kvcache_value_mean(const kvcache *kv, int layer, int head, int t, float *out);
 /* Starts loading rows idx[0..n) of the keys (every part) and of the values (software prefetch),
  * so that focused attention's gathers from them (from memory, or FASA-M's cold tier) overlap
  * with other work: scoring the first rows, or TIP of the next heads. A hint: no effect on

@@ -25,7 +25,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own) */
+         * -own, -tail) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -36,6 +36,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (v.o.rerank) out->o.rerank = v.o.rerank;
         if (v.o.group_rerank) out->o.group_rerank = v.o.group_rerank;
         if (v.o.tip_union) out->o.tip_union = 1;
+        if (v.o.tail) out->o.tail = 1;
         if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
@@ -45,7 +46,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
     int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0, tip_union = 0;
-    int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0;
+    int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0, tail = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
@@ -77,6 +78,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
         else if (!strcmp(dash, "-own")) tip_union = 0;   /* with the copy: every head its own chunks */
+        else if (!strcmp(dash, "-tail")) tail = 1;   /* the unchosen rows as one estimate */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
             const double v = strtod(dash + 2, &end);
@@ -111,6 +113,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.auto_min = auto_min;
     out->o.rerank = rerank;
     out->o.group_rerank = group_rerank;
+    out->o.tail = tail;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     out->o.dense_budget = dense_budget;
@@ -156,6 +159,8 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
  * map the options point at (the caller frees it after the last run state is made), or NULL. */
 static int16_t *bench_kv_opts(const model *m, const bench_cfg *cfg, kv_opts *ko, char *err)
 {
+    for (int i = 0; i < cfg->n_policy; i++)
+        if (cfg->policies[i].o.tail) ko->value_sums = 1;
     for (int i = 0; i < cfg->n_policy; i++) {
         policy pol;
         if (!cfg->policies[i].o.tip_bits || policy_init(&pol, m, &cfg->policies[i].o, err) < 0) continue;

@@ -40,6 +40,7 @@ speed_cfg speed_defaults(void)
     c.n_fill = 512;
     c.rerank = -1;
     c.group_rerank = -1;
+    c.tail = -1;
     c.dense_budget = SESSION_DENSE_BUDGET;
     return c;
 }
@@ -145,6 +146,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     so.target_mass = cfg->target_mass;
     if (cfg->rerank >= 0) so.rerank = cfg->rerank;
     if (cfg->group_rerank >= 0) so.group_rerank = cfg->group_rerank;
+    if (cfg->tail >= 0) so.tail = cfg->tail;
     so.dense_budget = cfg->dense_budget;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");

@@ -33,6 +33,7 @@ typedef struct speed_cfg {
     int tip;                      /* fasa: what TIP reads (enum fasa_tip, session.h; 0: the default) */
     int rerank;                   /* fasa: session_opts.rerank (-1: the default) */
     int group_rerank;             /* fasa: session_opts.group_rerank (-1: the default) */
+    int tail;                     /* fasa: session_opts.tail (-1: the default) */
     int dense_budget;             /* fasa: session_opts.dense_budget (SESSION_DENSE_BUDGET) */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction (0: measured
                                    * in the run, speed_read_bandwidth) */

@@ -83,7 +83,7 @@ static inline int window_start(const model *m, int l, int pos)
 /* Unnormalised attention of nq queries (ldq apart) over rows [a, a + len) or idx[0..len): each
  * query's max score, sum of exp and weighted values go to part (stride d + 2), to be merged. */
 static void attend_part(float *part, const float *Q, int nq, int ldq, const kvcache *kv, int l, int g, int a,
-                        const int32_t *idx, int len, float *S, float *T)
+                        const int32_t *idx, int len, float *S, float *T, const float *tip, int lo, int hi, float *c)
 {
     const int d = kv->d_head, ns = kv->n_split;
     const float scale = 1.0f / sqrtf((float)d);
@@ -96,6 +96,13 @@ static void attend_part(float *part, const float *Q, int nq, int ldq, const kvca
     if (ns) {
         kvcache_scores(kv, KV_REST, l, g, a, idx, len, Q + ns, nq, ldq, scale, T, len);
         for (int i = 0; i < nq * len; i++) S[i] += T[i];
+    }
+    if (tip) {   /* the tail's offset: exact logits less TIP's estimates, on average over the rows in [lo, hi) */
+        double dc = 0;
+        int k = 0;
+        for (int i = 0; i < len; i++)
+            if (idx[i] >= lo && idx[i] < hi) dc += S[i] - scale * tip[idx[i]], k++;
+        *c = k ? (float)(dc / k) : 0;
     }
     for (int h = 0; h < nq; h++) {
         float *row = S + (size_t)h * len, mx = row[0], sum = 0;
@@ -126,16 +133,39 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
     const int d = m->cfg.d_head, tid = omp_get_thread_num();
     float *S = w->dscores + (size_t)tid * 2 * w->grp * w->n_ctx;
     attend_part(dpart_slot(s, g, p, 0), s->q + (size_t)g * w->grp * d, w->grp, d, &s->kv, l, g, a, NULL, b - a, S,
-                S + (size_t)w->grp * w->n_ctx);
+                S + (size_t)w->grp * w->n_ctx, NULL, 0, 0, NULL);
     if (b > a) count_bytes(s, (uint64_t)(b - a) * 2 * d * kvcache_esz(&s->kv));
 }
 
-void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n)
+void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
+               const int32_t *idx, int n, float c, float *e)
+{
+    const int d = kv->d_head;
+    const float scale = 1.0f / sqrtf((float)d);
+    part[0] = -INFINITY, part[1] = 0;
+    if (hi - lo <= 0) return;
+    const float mx = ops_max(S + lo, hi - lo);
+    double all, chosen = 0;
+    ops_exp_from(e, S + lo, hi - lo, mx, scale, &all);
+    for (int k = 0; k < n; k++)
+        if (idx[k] >= lo && idx[k] < hi) chosen += e[idx[k] - lo];
+    const double z = all - chosen;   /* rounding can leave a trace of the chosen rows: negligible beside them */
+    if (!(z > 0)) return;
+    part[0] = mx * scale + c, part[1] = (float)z;
+    kvcache_value_mean(kv, l, g, t, part + 2);
+    for (int j = 0; j < d; j++) part[2 + j] *= (float)z;
+}
+
+void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, int lo, int hi)
 {
     const struct attn_work *w = s->attn;
+    const policy *p = s->policy;
     const int d = m->cfg.d_head, g = h / w->grp, tid = omp_get_thread_num();
+    const float *tip = p->o.tail ? p->tip + (size_t)h * p->tip_ld : NULL;
+    float c = 0, *tmp = w->tmp + (size_t)tid * w->n_ctx;
     attend_part(dpart_slot(s, g, 2, h % w->grp), s->q + (size_t)h * d, 1, d, &s->kv, l, g, 0, idx, n,
-                w->scores + (size_t)tid * w->n_ctx, w->tmp + (size_t)tid * w->n_ctx);
+                w->scores + (size_t)tid * w->n_ctx, tmp, tip, lo, hi, &c);
+    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), &s->kv, l, g, s->n_past + 1, tip, lo, hi, idx, n, c, tmp);
     count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
 }
 
@@ -240,6 +270,27 @@ static int batch_tiled(const model *m, const run_state *s, int n, int halves)
     return !(st && st->votes && p0 < st->snap_hi && p1 > st->snap_lo);
 }
 
+/* Exact attention of head h's query at pos over its chosen rows idx[0..n) (the forced ones among
+ * them) and the tail of the rest (attn_tail; S: the head's TIP scores of every row), as the fast
+ * path computes them; leaves the chosen rows' softmax weights in scores. */
+static void attend_tail(float *out, const model *m, run_state *s, int l, int h, int pos, const int32_t *idx, int n,
+                        const float *S, float *scores, float *tmp)
+{
+    const policy *p = s->policy;
+    const int d = m->cfg.d_head, g = h / (m->cfg.n_head / m->cfg.n_kv_head), t = pos + 1;
+    int lo, hi;
+    float part[2][1026], c = 0;   /* d <= 1024 */
+    if (!policy_forced(&p->o, t, policy_layer_budget(&p->o, l), &lo, &hi)) lo = hi = 0;   /* no room: no tail */
+    attend_part(part[0], s->q + (size_t)(pos - s->n_past) * m->cfg.n_head * d + (size_t)h * d, 1, d, &s->kv, l, g, 0,
+                idx, n, scores, tmp, S, lo, hi, &c);
+    attn_tail(part[1], &s->kv, l, g, t, S, lo, hi, idx, n, c, tmp);
+    const float mx = part[1][1] > 0 && part[1][0] > part[0][0] ? part[1][0] : part[0][0];
+    const float w0 = expf(part[0][0] - mx), w1 = part[1][1] > 0 ? expf(part[1][0] - mx) : 0;
+    const float inv = 1.0f / (w0 * part[0][1] + w1 * part[1][1]);
+    for (int j = 0; j < d; j++) out[j] = (w0 * part[0][2 + j] + w1 * part[1][2 + j]) * inv;
+    for (int i = 0; i < n; i++) scores[i] *= w0 * inv;   /* the chosen rows' weights, as attend leaves them */
+}
+
 /* The per-query path: each (query, head) of the batch asks the policy for its rows (or attends
  * densely) and attends to them; observers and statistics see every query. With tip, the policy
  * finds this step's TIP scores already in p->tip. Returns < 0 when the attention hook failed. */
@@ -289,6 +340,10 @@ static int attend_each(const model *m, run_state *s, int l, int n, int tip, char
                     snprintf(hook_err, sizeof hook_err, "%s", win || idx || !row0 ? herr : "out of memory");
             }
             free(win);
+        } else if (idx && p->o.tail && p->o.kind == POLICY_FASA) {
+            attend_tail(out, m, s, l, h, pos, idx, rows, tip ? p->tip + (size_t)h * p->tip_ld : p->score +
+                        (size_t)tid * p->n_ctx, scores, tmp);
+            if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, row0, rows);
         } else {
             attend(out, q, &s->kv, l, g, idx, row0, rows, scores, tmp);
             if (s->stats) attn_stats_observe(s->stats, l, h, pos, scores, idx, row0, rows);

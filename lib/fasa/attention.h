@@ -66,6 +66,9 @@ typedef struct policy_opts {
                               * tokens it chooses, and every head of a KV group keeps the best of the
                               * group's union of picks by their exact scores (the union's keys read
                               * once for the group) */
+    int tail;                /* fasa, with room beside the forced rows: the rows of [lo, hi) left
+                              * unchosen join the attention as one estimate (attention.c, attn_tail):
+                              * their logits from TIP's scores, their values the mean value */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */

@@ -147,7 +147,7 @@ static void fasa_item(const model *m, run_state *s, int l, int it, int lo, int h
                           p->rr + (size_t)tid * POLICY_RR_FLOATS(p->n_ctx), keys);
         rows = idx;
     }
-    attn_chosen(m, s, l, it, rows, k);
+    attn_chosen(m, s, l, it, rows, k, lo, hi);
     policy_count(p, tid, k + lo + (t1 - hi));
 }
 
@@ -174,7 +174,7 @@ static void group_item(const model *m, run_state *s, int l, int g, int lo, int h
     for (int h = g * grp; h < (g + 1) * grp; h++) {
         memcpy(idx, U, sizeof *idx * u);
         const int k = u > keep ? policy_rerank(&s->kv, l, g, s->q + (size_t)h * d, idx, u, keep, rr, keys) : u;
-        attn_chosen(m, s, l, h, idx, k);
+        attn_chosen(m, s, l, h, idx, k, lo, hi);
         policy_count(p, tid, k + lo + (t1 - hi));
     }
 }
@@ -246,7 +246,7 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
             }
         }
     }
-    attn_merge(m, s, 3);
+    attn_merge(m, s, p->o.tail ? 4 : 3);
 }
 
 void fasa_tip_all(const model *m, run_state *s, int l, const float *tq, int ldq)
