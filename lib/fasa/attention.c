@@ -142,15 +142,16 @@ void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float 
 {
     const int d = kv->d_head;
     const float scale = 1.0f / sqrtf((float)d);
-    part[0] = -INFINITY, part[1] = 0;
+    part[0] = -INFINITY, part[1] = 0;   /* empty until it holds mass */
+    memset(part + 2, 0, sizeof(float) * d);
     if (hi - lo <= 0) return;
     const float mx = ops_max(S + lo, hi - lo);
     double all, chosen = 0;
     ops_exp_from(e, S + lo, hi - lo, mx, scale, &all);
     for (int k = 0; k < n; k++)
         if (idx[k] >= lo && idx[k] < hi) chosen += e[idx[k] - lo];
-    const double z = all - chosen;   /* rounding can leave a trace of the chosen rows: negligible beside them */
-    if (!(z > 0)) return;
+    const double z = all - chosen;
+    if (!(z > 1e-6 * all)) return;   /* nothing left, or rounding's trace of the chosen rows */
     part[0] = mx * scale + c, part[1] = (float)z;
     kvcache_value_mean(kv, l, g, t, part + 2);
     for (int j = 0; j < d; j++) part[2 + j] *= (float)z;
@@ -287,7 +288,7 @@ static void attend_tail(float *out, const model *m, run_state *s, int l, int h, 
     const float mx = part[1][1] > 0 && part[1][0] > part[0][0] ? part[1][0] : part[0][0];
     const float w0 = expf(part[0][0] - mx), w1 = part[1][1] > 0 ? expf(part[1][0] - mx) : 0;
     const float inv = 1.0f / (w0 * part[0][1] + w1 * part[1][1]);
-    for (int j = 0; j < d; j++) out[j] = (w0 * part[0][2 + j] + w1 * part[1][2 + j]) * inv;
+    for (int j = 0; j < d; j++) out[j] = (w0 * part[0][2 + j] + (w1 > 0 ? w1 * part[1][2 + j] : 0)) * inv;
     for (int i = 0; i < n; i++) scores[i] *= w0 * inv;   /* the chosen rows' weights, as attend leaves them */
 }
 
