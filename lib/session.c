@@ -173,7 +173,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     po->group_rerank = o->group_rerank;
-    po->tail = o->tail && !o->group && !(o->target_mass > 0) && o->device != FASA_DEVICE_CUDA;
+    po->tail = o->tail && !o->group && !(o->target_mass > 0) && o->group_rerank <= 0 && o->device != FASA_DEVICE_CUDA;
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;

@@ -81,7 +81,9 @@ static inline int window_start(const model *m, int l, int pos)
 }
 
 /* Unnormalised attention of nq queries (ldq apart) over rows [a, a + len) or idx[0..len): each
- * query's max score, sum of exp and weighted values go to part (stride d + 2), to be merged. */
+ * query's max score, sum of exp and weighted values go to part (stride d + 2), to be merged.
+ * With tip (one query, idx): *c, the mean over the rows of [lo, hi) of their logit less scale
+ * tip[row] (the tail's offset, attn_tail). */
 static void attend_part(float *part, const float *Q, int nq, int ldq, const kvcache *kv, int l, int g, int a,
                         const int32_t *idx, int len, float *S, float *T, const float *tip, int lo, int hi, float *c)
 {
@@ -162,10 +164,10 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
     const struct attn_work *w = s->attn;
     const policy *p = s->policy;
     const int d = m->cfg.d_head, g = h / w->grp, tid = omp_get_thread_num();
-    const float *tip = p->o.tail ? p->tip + (size_t)h * p->tip_ld : NULL;
+    const float *tip = p->o.tail ? p->tip + (size_t)h * p->tip_ld : NULL, *q = s->q + (size_t)h * d;
     float c = 0, *tmp = w->tmp + (size_t)tid * w->n_ctx;
-    attend_part(dpart_slot(s, g, 2, h % w->grp), s->q + (size_t)h * d, 1, d, &s->kv, l, g, 0, idx, n,
-                w->scores + (size_t)tid * w->n_ctx, tmp, tip, lo, hi, &c);
+    attend_part(dpart_slot(s, g, 2, h % w->grp), q, 1, d, &s->kv, l, g, 0, idx, n, w->scores + (size_t)tid * w->n_ctx,
+                tmp, tip, lo, hi, &c);
     if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), &s->kv, l, g, s->n_past + 1, tip, lo, hi, idx, n, c, tmp);
     count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
 }

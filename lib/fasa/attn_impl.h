@@ -34,10 +34,11 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b);
  * (policy_opts.tail), the rest of [lo, hi) into slot 3 (attn_tail, from the head's TIP row). */
 void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, int lo, int hi);
 /* The tail: the rows of [lo, hi) not among idx[0..n) as one partial (max, sum, weighted values:
- * d + 2 floats). Their logits are estimated as scale S[i] + c (S: TIP's raw scores of the rows;
- * c: the mean of the chosen rows' exact logits less theirs, attend_part), their values as the
- * mean value of rows [0, t) (kvcache_value_mean). e: hi - lo floats of scratch. Chosen on the
- * calibration text (README, "The unchosen rows as one estimate"). */
+ * d + 2 floats; an empty one (-inf, 0, zeros)). Their logits are estimated as scale S[i] + c (S:
+ * TIP's raw scores of the rows; c: the chosen rows' exact logits less their TIP estimates, on
+ * average), their values as the mean value of rows [0, t) (kvcache_value_mean).
+ * e: hi - lo floats of scratch. Chosen on the calibration text (README, "The unchosen rows as one
+ * estimate"). */
 void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
                const int32_t *idx, int n, float c, float *e);
 /* Merges slots 0..P-1 of every head's partials into s->att_out. */

@@ -72,8 +72,9 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
     if (o->fcs < 1 || o->fcs > nc) return fasa_error(err, FASA_EARG, "F must be between 1 and %d chunks", nc);
     if (o->group_rerank > 0 && (!o->tip_bits || o->group || o->auto_mass > 0 || o->rerank > 1))
         return fasa_error(err, FASA_EARG, "group rerank takes the 4-bit TIP copy and a fixed budget, without rerank");
-    if (o->tail && (o->group || o->auto_mass > 0))
-        return fasa_error(err, FASA_EARG, "the tail estimate takes per-head selection and a fixed budget");
+    if (o->tail && (o->group || o->auto_mass > 0 || o->group_rerank > 0))
+        return fasa_error(err, FASA_EARG, "the tail estimate takes per-head selection and a fixed budget, "
+                                          "without group rerank");
     if (o->kind == POLICY_FASA && !o->prof)
         return fasa_error(err, FASA_EARG, "fasa needs a calibration profile (fasa calibrate MODEL)");
     p->n_dom = 2 * o->fcs;
