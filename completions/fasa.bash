@@ -75,10 +75,10 @@ _fasa()
         opts="--model --mode --profile --budget --fcs --dense-layers --sinks --recent --group --n-predict --temp
               --top-k --top-p --seed --chat --raw --system --ctx --ignore-eos --threads --ids
               --print-ids --dump-logits --json --device --per-head --order-chunks --kv-cold --kv-type --dense
-              --tip --target-mass --exact --rerank --group-rerank --dense-budget --help"
+              --tip --target-mass --exact --rerank --group-rerank --dense-budget --tail --help"
         argopts="-m --model --mode -p --profile --budget --fcs --dense-layers --sinks --recent -n --n-predict --temp --top-k
                  --top-p --seed --system --ctx -t --threads --ids --dump-logits --device --kv-cold --kv-type --dense
-                 --tip --target-mass --rerank --group-rerank --dense-budget"
+                 --tip --target-mass --rerank --group-rerank --dense-budget --tail"
         case $prev in
         -m|--model) _fasa_models "$cur"; return 0 ;;
         --mode) COMPREPLY=( $(compgen -W "full fasa-c fasa-m" -- "$cur") ); return 0 ;;
@@ -86,6 +86,7 @@ _fasa()
         --kv-type) COMPREPLY=( $(compgen -W "f16 f32" -- "$cur") ); return 0 ;;
         --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
         --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
+        --tail) COMPREPLY=( $(compgen -W "on off" -- "$cur") ); return 0 ;;
         --budget) COMPREPLY=( $(compgen -W "auto" -- "$cur") ); return 0 ;;
         --dense-budget) COMPREPLY=( $(compgen -W "0 4x" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
@@ -128,13 +129,14 @@ _fasa()
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
               --tip --samples --first-sample --windows --tasks --quick --show --progress --ids --rerank --target-mass
-              --group-rerank --dense-budget --help"
+              --group-rerank --dense-budget --tail --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
                  --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank --target-mass
-                 --dense-budget --group-rerank --first-sample --windows"
+                 --dense-budget --group-rerank --first-sample --windows --tail"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;
+        --tail) COMPREPLY=( $(compgen -W "on off" -- "$cur") ); return 0 ;;
         --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
         --ids) _fasa_files "$cur"; return 0 ;;
         --tasks)
