@@ -1281,8 +1281,8 @@ Test(attention, tail_partial_by_its_definition)
         int32_t all[100];
         for (int i = 0; i < t; i++) all[i] = i;
         attn_tail(part, &kv, 0, 0, t, S, k ? lo : 50, k ? hi : 50, all, t, c, e);
-        cr_expect(part[0] == -INFINITY && part[1] == 0, "%s: an empty tail holds (%g, %g)", k ? "all chosen" : "no rows",
-                  part[0], part[1]);
+        cr_expect(part[0] == -INFINITY && part[1] == 0, "%s: an empty tail holds (%g, %g)",
+                  k ? "all chosen" : "no rows", part[0], part[1]);
         for (int j = 0; j < d; j++) cr_expect(part[2 + j] == 0, "an empty tail's dim %d is %g", j, part[2 + j]);
     }
     kvcache_free(&kv);
