@@ -27,7 +27,7 @@ int fasa_mode_parse(const char *s)
 session_opts session_defaults(void)
 {
     return (session_opts){ .budget = 256, .n_dense_layers = 1, .dense_budget = SESSION_DENSE_BUDGET, .n_sink = -1,
-                           .n_recent = -1, .tail = SESSION_TAIL, .kv_f16 = -1, .n_batch = 64 };
+                           .n_recent = -1, .tail = -1, .kv_f16 = -1, .n_batch = 64 };
 }
 
 int session_find_profile(const model *m, const char *model_path, const char *path, profile *out, char *where,
@@ -156,6 +156,12 @@ int fasa_tip_parse(const char *s)
     return -1;
 }
 
+/* The tail estimate goes with these options: per-head selection, a fixed budget, the CPU. */
+static int session_tail_fits(const session_opts *o)
+{
+    return !o->group && !(o->target_mass > 0) && o->group_rerank <= 0 && o->device != FASA_DEVICE_CUDA;
+}
+
 void session_policy_opts(const model *m, const profile *prof, const session_opts *o, policy_opts *po)
 {
     *po = policy_defaults(POLICY_FASA, m, o->budget);
@@ -173,7 +179,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     po->group_rerank = o->group_rerank;
-    po->tail = o->tail && !o->group && !(o->target_mass > 0) && o->group_rerank <= 0 && o->device != FASA_DEVICE_CUDA;
+    po->tail = (o->tail < 0 ? SESSION_TAIL : o->tail) && session_tail_fits(o);
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
@@ -189,6 +195,9 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
+    if (o->tail == 1 && !session_tail_fits(o))
+        return fasa_error(err, FASA_EARG, "--tail on takes per-head selection and a fixed budget on the CPU: "
+                                          "not --group, --group-rerank, --budget auto or --device cuda");
     if (!po.tip_bits) {
         /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
          * in every key, stored as their own block */

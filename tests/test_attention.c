@@ -1242,6 +1242,20 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
         o.group = 1;
         cr_expect_lt(policy_init(&bare, e.m, &o, err), 0, "a tail with group selection should be refused");
     }
+    /* what `fasa run` makes: off unless asked; asked, it takes per-head selection and a fixed budget */
+    session_opts so = session_defaults();
+    policy pol;
+    kv_opts ko = { 0 };
+    cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
+    cr_expect(!pol.o.tail && !ko.value_sums, "the tail is not the default");
+    policy_free(&pol);
+    so.tail = 1;
+    cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
+    cr_expect(pol.o.tail && ko.value_sums, "--tail on should set the policy and the cache's sums");
+    policy_free(&pol);
+    so.group = 1;
+    cr_expect_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), FASA_EARG, "--tail on with --group should be refused");
+    cr_expect(strstr(err, "--tail on") != NULL, "the refusal names the flag: %s", err);
     free(full);
     env_close(&e);
 }
