@@ -1254,7 +1254,7 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     cr_expect(pol.o.tail && ko.value_sums, "--tail on should set the policy and the cache's sums");
     policy_free(&pol);
     so.group = 1;
-    cr_expect_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), FASA_EARG, "--tail on with --group should be refused");
+    cr_expect_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), FASA_EARG, "--tail on with --group: refused");
     cr_expect(strstr(err, "--tail on") != NULL, "the refusal names the flag: %s", err);
     free(full);
     env_close(&e);
