@@ -459,11 +459,7 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
-        case 'l':
-            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
-                return die_usage("--tail takes on or off, not '%s'", optarg);
-            tail = !strcmp(optarg, "on");
-            break;
+        case 'l': if (parse_on_off("--tail", optarg, &tail)) return EXIT_USAGE; break;
         case 'g': if (parse_int("--group-rerank", optarg, 0, 64, &group_rerank)) return EXIT_USAGE; break;
         case 'd': if (parse_dense_budget(optarg, &dense_budget)) return EXIT_USAGE; break;
         case 'm':

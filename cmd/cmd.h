@@ -38,6 +38,8 @@ int parse_float(const char *flag, const char *s, double lo, double hi, double *o
 int parse_dense_budget(const char *s, int *out);
 /* --kv-type: "f16" sets *f16 to 1, "f32" to 0; anything else: -1, as above. */
 int parse_kv_type(const char *s, int *f16);
+/* An on|off flag (--tail): *out 1 or 0; anything else: -1, as above. */
+int parse_on_off(const char *flag, const char *s, int *out);
 static inline const char *kv_type_name(int f16) { return f16 ? "f16" : "f32"; }
 
 /* Plain English text that every Debian system has: the default calibration sample. */

@@ -139,6 +139,16 @@ int parse_kv_type(const char *s, int *f16)
     return 0;
 }
 
+int parse_on_off(const char *flag, const char *s, int *out)
+{
+    if (strcmp(s, "on") && strcmp(s, "off")) {
+        die("%s takes on or off, not '%s'", flag, s);
+        return -1;
+    }
+    *out = !strcmp(s, "on");
+    return 0;
+}
+
 /* Writes buf to path atomically (base.h); prints the error, returns 1. */
 int write_file_atomic(const char *path, const void *buf, size_t len)
 {

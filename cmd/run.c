@@ -233,11 +233,7 @@ int cmd_run(int argc, char **argv)
             if (parse_int("--group-rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
             so.group_rerank = (int)v;
             break;
-        case OPT_TAIL:
-            if (strcmp(optarg, "on") && strcmp(optarg, "off"))
-                return die_usage("--tail takes on or off, not '%s'", optarg);
-            so.tail = !strcmp(optarg, "on");
-            break;
+        case OPT_TAIL: if (parse_on_off("--tail", optarg, &so.tail)) return EXIT_USAGE; break;
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_EXACT: so.exact = 1; break;
         case OPT_KV_COLD: so.kv_cold = optarg; break;
