@@ -172,29 +172,36 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
     count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
 }
 
+/* P partials (max, sum of exps, weighted values: d + 2 floats each, stride apart; a sum of 0 is
+ * empty) merged into out as one softmax; returns 1 / the merged sum, and *mx the merged max: a
+ * partial's exps times exp(its max - *mx) / that sum are softmax weights. */
+static float parts_merge(float *out, const float *part, size_t stride, int P, int d, float *mx_out)
+{
+    float mx = -INFINITY, sum = 0;
+    for (int p = 0; p < P; p++) mx = part[p * stride] > mx ? part[p * stride] : mx;
+    memset(out, 0, sizeof(float) * d);
+    for (int p = 0; p < P; p++) {
+        const float *pt = part + p * stride;
+        if (pt[1] == 0) continue;
+        const float wt = expf(pt[0] - mx);
+        sum += wt * pt[1];
+        for (int j = 0; j < d; j++) out[j] += wt * pt[2 + j];
+    }
+    const float inv = 1.0f / sum;
+    for (int j = 0; j < d; j++) out[j] *= inv;
+    *mx_out = mx;
+    return inv;
+}
+
 void attn_merge(const model *m, run_state *s, int P)
 {
     const model_config *c = &m->cfg;
     const int d = c->d_head, grp = c->n_head / c->n_kv_head;
+    float mx;
     for (int g = 0; g < c->n_kv_head; g++)
-        for (int h = 0; h < grp; h++) {
-            float mx = -INFINITY, sum = 0;
-            for (int p = 0; p < P; p++) {
-                const float v = dpart_slot(s, g, p, h)[0];
-                mx = v > mx ? v : mx;
-            }
-            float *out = s->att_out + (size_t)(g * grp + h) * d;
-            memset(out, 0, sizeof(float) * d);
-            for (int p = 0; p < P; p++) {
-                const float *part = dpart_slot(s, g, p, h);
-                if (part[1] == 0) continue;
-                const float wt = expf(part[0] - mx);
-                sum += wt * part[1];
-                for (int j = 0; j < d; j++) out[j] += wt * part[2 + j];
-            }
-            const float inv = 1.0f / sum;
-            for (int j = 0; j < d; j++) out[j] *= inv;
-        }
+        for (int h = 0; h < grp; h++)
+            parts_merge(s->att_out + (size_t)(g * grp + h) * d, dpart_slot(s, g, 0, h), (size_t)grp * (d + 2), P, d,
+                        &mx);
 }
 
 /* Dense attention of queries r0..r1-1 of a batch (positions n_past + r) for head h, in one pass
@@ -287,11 +294,9 @@ static void attend_tail(float *out, const model *m, run_state *s, int l, int h, 
     attend_part(part[0], s->q + (size_t)(pos - s->n_past) * m->cfg.n_head * d + (size_t)h * d, 1, d, &s->kv, l, g, 0,
                 idx, n, scores, tmp, S, lo, hi, &c);
     attn_tail(part[1], &s->kv, l, g, t, S, lo, hi, idx, n, c, tmp);
-    const float mx = part[1][1] > 0 && part[1][0] > part[0][0] ? part[1][0] : part[0][0];
-    const float w0 = expf(part[0][0] - mx), w1 = part[1][1] > 0 ? expf(part[1][0] - mx) : 0;
-    const float inv = 1.0f / (w0 * part[0][1] + w1 * part[1][1]);
-    for (int j = 0; j < d; j++) out[j] = (w0 * part[0][2 + j] + (w1 > 0 ? w1 * part[1][2 + j] : 0)) * inv;
-    for (int i = 0; i < n; i++) scores[i] *= w0 * inv;   /* the chosen rows' weights, as attend leaves them */
+    float mx;
+    const float w = parts_merge(out, part[0], 1026, 2, d, &mx) * expf(part[0][0] - mx);
+    for (int i = 0; i < n; i++) scores[i] *= w;   /* the chosen rows' weights, as attend leaves them */
 }
 
 /* The per-query path: each (query, head) of the batch asks the policy for its rows (or attends
