@@ -1269,7 +1269,7 @@ Test(attention, tail_partial_by_its_definition)
     const int d = 8, t = 100, lo = 4, hi = 90;
     kvcache kv;
     cr_assert_eq(kvcache_init(&kv, 1, 1, 128, d, &(kv_opts){ .value_sums = 1 }, err), 0, "%s", err);
-    float v[8], S[100], e[100], part[10];
+    float v[8], S[100], part[10];
     double mean[8] = { 0 };
     for (int i = 0; i < t; i++) {
         for (int j = 0; j < d; j++) mean[j] += (v[j] = cosf(0.7f * i + 0.9f * j)) / t;
@@ -1280,7 +1280,7 @@ Test(attention, tail_partial_by_its_definition)
     int n = 0;
     for (int i = lo; i < hi; i += 3) idx[n++] = i;
     const float scale = 1 / sqrtf((float)d), c = 0.3f;
-    attn_tail(part, &kv, 0, 0, t, S, lo, hi, idx, n, c, e);
+    attn_tail(part, &kv, 0, 0, t, S, lo, hi, idx, n, c);
     float mx = -INFINITY;
     for (int i = lo; i < hi; i++) mx = fmaxf(mx, S[i]);
     double z = 0;
@@ -1294,7 +1294,7 @@ Test(attention, tail_partial_by_its_definition)
         for (int j = 0; j < 10; j++) part[j] = NAN;
         int32_t all[100];
         for (int i = 0; i < t; i++) all[i] = i;
-        attn_tail(part, &kv, 0, 0, t, S, k ? lo : 50, k ? hi : 50, all, t, c, e);
+        attn_tail(part, &kv, 0, 0, t, S, k ? lo : 50, k ? hi : 50, all, t, c);
         cr_expect(part[0] == -INFINITY && part[1] == 0, "%s: an empty tail holds (%g, %g)",
                   k ? "all chosen" : "no rows", part[0], part[1]);
         for (int j = 0; j < d; j++) cr_expect(part[2 + j] == 0, "an empty tail's dim %d is %g", j, part[2 + j]);

@@ -136,7 +136,8 @@ void ops_exp(float *y, const float *x, int n);
 /* y[i] = exp((x[i] - max) * scale), the same exp, over finite x; returns max and *sum the sum of
  * the y (the unnormalised softmax of x / scale and its mass). y may be x. */
 float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum);
-/* The same with the max given: y[i] = exp((x[i] - mx) * scale), *sum their sum. y may be x. */
+/* The same with the max given: y[i] = exp((x[i] - mx) * scale), *sum their sum. y may be x, or
+ * NULL for the sum alone. */
 void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double *sum);
 /* The largest of x[0..n) (-inf when n is 0; not NaN-aware). */
 float ops_max(const float *x, int n);

@@ -140,7 +140,7 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
 }
 
 void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
-               const int32_t *idx, int n, float c, float *e)
+               const int32_t *idx, int n, float c)
 {
     const int d = kv->d_head;
     const float scale = 1.0f / sqrtf((float)d);
@@ -149,9 +149,9 @@ void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float 
     if (hi - lo <= 0) return;
     const float mx = ops_max(S + lo, hi - lo);
     double all, chosen = 0;
-    ops_exp_from(e, S + lo, hi - lo, mx, scale, &all);
+    ops_exp_from(NULL, S + lo, hi - lo, mx, scale, &all);   /* the sum alone: no row of exps written */
     for (int k = 0; k < n; k++)
-        if (idx[k] >= lo && idx[k] < hi) chosen += e[idx[k] - lo];
+        if (idx[k] >= lo && idx[k] < hi) chosen += expf((S[idx[k]] - mx) * scale);
     const double z = all - chosen;
     if (!(z > 1e-6 * all)) return;   /* nothing left, or rounding's trace of the chosen rows */
     part[0] = mx * scale + c, part[1] = (float)z;
@@ -168,7 +168,7 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
     float c = 0, *tmp = w->tmp + (size_t)tid * w->n_ctx;
     attend_part(dpart_slot(s, g, 2, h % w->grp), q, 1, d, &s->kv, l, g, 0, idx, n, w->scores + (size_t)tid * w->n_ctx,
                 tmp, tip, lo, hi, &c);
-    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), &s->kv, l, g, s->n_past + 1, tip, lo, hi, idx, n, c, tmp);
+    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), &s->kv, l, g, s->n_past + 1, tip, lo, hi, idx, n, c);
     count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
 }
 
@@ -293,7 +293,7 @@ static void attend_tail(float *out, const model *m, run_state *s, int l, int h, 
     if (!policy_forced(&p->o, t, policy_layer_budget(&p->o, l), &lo, &hi)) lo = hi = 0;   /* no room: no tail */
     attend_part(part[0], s->q + (size_t)(pos - s->n_past) * m->cfg.n_head * d + (size_t)h * d, 1, d, &s->kv, l, g, 0,
                 idx, n, scores, tmp, S, lo, hi, &c);
-    attn_tail(part[1], &s->kv, l, g, t, S, lo, hi, idx, n, c, tmp);
+    attn_tail(part[1], &s->kv, l, g, t, S, lo, hi, idx, n, c);
     float mx;
     const float w = parts_merge(out, part[0], 1026, 2, d, &mx) * expf(part[0][0] - mx);
     for (int i = 0; i < n; i++) scores[i] *= w;   /* the chosen rows' weights, as attend leaves them */

@@ -37,10 +37,10 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
  * d + 2 floats; an empty one (-inf, 0, zeros)). Their logits are estimated as scale S[i] + c (S:
  * TIP's raw scores of the rows; c: the chosen rows' exact logits less their TIP estimates, on
  * average), their values as the mean value of rows [0, t) (kvcache_value_mean).
- * e: hi - lo floats of scratch. Chosen on the calibration text (README, "The unchosen rows as one
+ * Chosen on the calibration text (README, "The unchosen rows as one
  * estimate"). */
 void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
-               const int32_t *idx, int n, float c, float *e);
+               const int32_t *idx, int n, float c);
 /* Merges slots 0..P-1 of every head's partials into s->att_out. */
 void attn_merge(const model *m, run_state *s, int P);
 
