@@ -573,6 +573,29 @@ Test(ops, exp_shifted_matches_scalar)
     }
 }
 
+/* The estimate's sum against exp in double: 3e-6 relative (the polynomial's bound), over vector
+ * bodies and scalar ends, values far below the max (underflow to 0), and -1 once a value is
+ * above the max it was given. */
+Test(ops, exp_sum_est_within_its_bound)
+{
+    uint64_t r = 5;
+    const int ns[] = { 1, 15, 16, 17, 4099 };
+    for (int c = 0; c < 5; c++) {
+        const int n = ns[c];
+        float *x = malloc(sizeof(float) * n);
+        for (int i = 0; i < n; i++) x[i] = (float)(sampler_rand(&r) * 2000 - 1600);
+        const float mx = ops_max(x, n);
+        double ref = 0;
+        for (int i = 0; i < n; i++) ref += exp(((double)x[i] - mx) * 0.125);
+        const double s = ops_exp_sum_est(x, n, mx, 0.125f);
+        cr_expect(fabs(s - ref) <= 3e-6 * ref, "n %d: %.9g vs %.9g", n, s, ref);
+        cr_expect(ops_exp_sum_est(x, n, mx + 1, 0.125f) < ref, "n %d: a larger max, a smaller sum", n);
+        x[n - 1] = mx + 0.5f;
+        cr_expect_eq(ops_exp_sum_est(x, n, mx, 0.125f), -1, "n %d: a value above the max", n);
+        free(x);
+    }
+}
+
 /* softmax and swiglu against their twins: 1e-6 relative, plus 1e-35 absolute where one of them
  * underflows (softmax: the fast exp flushes results below FLT_MIN to 0; swiglu of a < -88: expf
  * overflows to inf in the twin, giving 0, and the fast one gives a / 2.4e38). */

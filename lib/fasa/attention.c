@@ -147,13 +147,17 @@ void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float 
     part[0] = -INFINITY, part[1] = 0;   /* empty until it holds mass */
     memset(part + 2, 0, sizeof(float) * d);
     if (hi - lo <= 0) return;
-    const float mx = ops_max(S + lo, hi - lo);
-    double all, chosen = 0;
-    ops_exp_from(NULL, S + lo, hi - lo, mx, scale, &all);   /* the sum alone: no row of exps written */
+    /* the max of [lo, hi) is TIP's first pick: among the chosen rows unless they were reranked,
+     * when a pass of its own finds it */
+    float mx = -INFINITY;
+    for (int k = 0; k < n; k++)
+        if (idx[k] >= lo && idx[k] < hi && S[idx[k]] > mx) mx = S[idx[k]];
+    double all = n ? ops_exp_sum_est(S + lo, hi - lo, mx, scale) : -1, chosen = 0;
+    if (all < 0) mx = ops_max(S + lo, hi - lo), all = ops_exp_sum_est(S + lo, hi - lo, mx, scale);
     for (int k = 0; k < n; k++)
         if (idx[k] >= lo && idx[k] < hi) chosen += expf((S[idx[k]] - mx) * scale);
     const double z = all - chosen;
-    if (!(z > 1e-6 * all)) return;   /* nothing left, or rounding's trace of the chosen rows */
+    if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
     kvcache_value_mean(kv, l, g, t, part + 2);
     for (int j = 0; j < d; j++) part[2 + j] *= (float)z;
