@@ -1242,13 +1242,26 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
         o.group = 1;
         cr_expect_lt(policy_init(&bare, e.m, &o, err), 0, "a tail with group selection should be refused");
     }
-    /* what `fasa run` makes: off unless asked; asked, it takes per-head selection and a fixed budget */
+    /* what `fasa run` makes: SESSION_TAIL unless asked, and off beside what it does not take;
+     * asked, it takes per-head selection and a fixed budget */
     session_opts so = session_defaults();
     policy pol;
     kv_opts ko = { 0 };
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
-    cr_expect(!pol.o.tail && !ko.value_sums, "the tail is not the default");
+    cr_expect(pol.o.tail == SESSION_TAIL && ko.value_sums == SESSION_TAIL, "the default's tail: %d", pol.o.tail);
     policy_free(&pol);
+    so.group = 1, ko = (kv_opts){ 0 };
+    cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
+    cr_expect(!pol.o.tail && !ko.value_sums, "--group without --tail: no tail, no error");
+    policy_free(&pol);
+    so.group = 0;
+    const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4" };
+    const int want[] = { SESSION_TAIL, 1, 0, 1, 0 };
+    for (int i = 0; i < 5; i++) {
+        bench_policy bp;
+        cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
+        cr_expect_eq(bp.o.tail, want[i], "%s", names[i]);
+    }
     so.tail = 1;
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
     cr_expect(pol.o.tail && ko.value_sums, "--tail on should set the policy and the cache's sums");

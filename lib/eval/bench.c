@@ -25,7 +25,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail) */
+         * -own, -tail, -notail) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -38,6 +38,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (v.o.tip_union) out->o.tip_union = 1;
         if (v.o.tail) out->o.tail = 1;
         if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
+        if (strstr(spec + 7, "-notail")) out->o.tail = 0;
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
@@ -79,6 +80,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
         else if (!strcmp(dash, "-own")) tip_union = 0;   /* with the copy: every head its own chunks */
         else if (!strcmp(dash, "-tail")) tail = 1;   /* the unchosen rows as one estimate */
+        else if (!strcmp(dash, "-notail")) tail = 0;   /* without it (default-notail) */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
             const double v = strtod(dash + 2, &end);
