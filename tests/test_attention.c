@@ -1273,9 +1273,10 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     env_close(&e);
 }
 
-/* attn_tail as a partial: the rows of [lo, hi) not chosen, their logits scale S + c (their max
- * as the partial's), their exps' sum, and that sum times the mean value of rows [0, t); an empty
- * tail (no rows, or every row chosen) is (-inf, 0, zeros) whatever the slot held. */
+/* attn_tail as a partial: the rows of [lo, hi) not chosen, their logits scale S + c (the max of
+ * [lo, hi) as the partial's, whether TIP's top row is among the chosen or not), their exps' sum,
+ * and that sum times the mean value of rows [0, t); an empty tail (no rows, or every row chosen)
+ * is (-inf, 0, zeros) whatever the slot held. */
 Test(attention, tail_partial_by_its_definition)
 {
     char err[FASA_ERRLEN];
@@ -1289,25 +1290,32 @@ Test(attention, tail_partial_by_its_definition)
         kvcache_put_value(&kv, 0, 0, i, v);
         S[i] = 3 * sinf(0.31f * i);
     }
-    int32_t idx[30];
-    int n = 0;
-    for (int i = lo; i < hi; i += 3) idx[n++] = i;
+    float vmean[8];
+    kvcache_value_mean(&kv, 0, 0, t, vmean);
     const float scale = 1 / sqrtf((float)d), c = 0.3f;
-    attn_tail(part, &kv, 0, 0, t, S, lo, hi, idx, n, c);
     float mx = -INFINITY;
     for (int i = lo; i < hi; i++) mx = fmaxf(mx, S[i]);
-    double z = 0;
-    for (int i = lo; i < hi; i++)
-        if ((i - lo) % 3) z += exp(scale * (S[i] - mx));
-    cr_expect_float_eq(part[0], mx * scale + c, 1e-5, "max %g, not %g", part[0], mx * scale + c);
-    cr_expect_float_eq(part[1], z, 1e-4 * z, "sum %g, not %g", part[1], z);
-    for (int j = 0; j < d; j++)
-        cr_expect_float_eq(part[2 + j], z * mean[j], 1e-4 * z, "dim %d: %g, not %g", j, part[2 + j], z * mean[j]);
+    for (int top = 0; top < 2; top++) {   /* every third row (not the top one), or the rows above 2 */
+        int32_t idx[100];
+        uint8_t chosen[100] = { 0 };
+        int n = 0;
+        for (int i = lo; i < hi; i++)
+            if (top ? S[i] > 2 : (i - lo) % 3 == 1) idx[n++] = i, chosen[i] = 1;
+        attn_tail(part, d, vmean, S, lo, hi, idx, n, c);
+        double z = 0;
+        for (int i = lo; i < hi; i++)
+            if (!chosen[i]) z += exp(scale * (S[i] - mx));
+        cr_expect_float_eq(part[0], mx * scale + c, 1e-5, "top %d: max %g, not %g", top, part[0], mx * scale + c);
+        cr_expect_float_eq(part[1], z, 1e-4 * z, "top %d: sum %g, not %g", top, part[1], z);
+        for (int j = 0; j < d; j++)
+            cr_expect_float_eq(part[2 + j], z * mean[j], 1e-4 * z, "top %d, dim %d: %g, not %g", top, j, part[2 + j],
+                               z * mean[j]);
+    }
     for (int k = 0; k < 2; k++) {
         for (int j = 0; j < 10; j++) part[j] = NAN;
         int32_t all[100];
         for (int i = 0; i < t; i++) all[i] = i;
-        attn_tail(part, &kv, 0, 0, t, S, k ? lo : 50, k ? hi : 50, all, t, c);
+        attn_tail(part, d, vmean, S, k ? lo : 50, k ? hi : 50, all, t, c);
         cr_expect(part[0] == -INFINITY && part[1] == 0, "%s: an empty tail holds (%g, %g)",
                   k ? "all chosen" : "no rows", part[0], part[1]);
         for (int j = 0; j < d; j++) cr_expect(part[2 + j] == 0, "an empty tail's dim %d is %g", j, part[2 + j]);

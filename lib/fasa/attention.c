@@ -31,7 +31,8 @@ struct attn_work *attn_work_new(const model *m, int n_ctx, int n_batch, int spli
     /* two score blocks per thread with split keys: the dominant block's and the rest's */
     w->bscores = n_batch > 1 ? malloc(T * (split ? 2 : 1) * n_batch * N * sizeof(float)) : NULL;
     w->dpart = malloc((size_t)c->n_kv_head * DECODE_PARTS * grp * (c->d_head + 2) * sizeof(float));
-    if (!w->scores || !w->tmp || !w->dscores || !w->dpart || (n_batch > 1 && !w->bscores)) {
+    w->vmean = malloc((size_t)c->n_kv_head * c->d_head * sizeof(float));
+    if (!w->scores || !w->tmp || !w->dscores || !w->dpart || !w->vmean || (n_batch > 1 && !w->bscores)) {
         attn_work_free(w);
         return fasa_error(err, FASA_ENOMEM, "out of memory for attention over %d tokens", n_ctx), NULL;
     }
@@ -41,7 +42,7 @@ struct attn_work *attn_work_new(const model *m, int n_ctx, int n_batch, int spli
 void attn_work_free(struct attn_work *w)
 {
     if (!w) return;
-    free(w->scores); free(w->tmp); free(w->dscores); free(w->bscores); free(w->dpart);
+    free(w->scores); free(w->tmp); free(w->dscores); free(w->bscores); free(w->dpart); free(w->vmean);
     free(w);
 }
 
@@ -139,10 +140,9 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
     if (b > a) count_bytes(s, (uint64_t)(b - a) * 2 * d * kvcache_esz(&s->kv));
 }
 
-void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
-               const int32_t *idx, int n, float c)
+void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, int hi, const int32_t *idx, int n,
+               float c)
 {
-    const int d = kv->d_head;
     const float scale = 1.0f / sqrtf((float)d);
     part[0] = -INFINITY, part[1] = 0;   /* empty until it holds mass */
     memset(part + 2, 0, sizeof(float) * d);
@@ -159,8 +159,7 @@ void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float 
     const double z = all - chosen;
     if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
-    kvcache_value_mean(kv, l, g, t, part + 2);
-    for (int j = 0; j < d; j++) part[2 + j] *= (float)z;
+    for (int j = 0; j < d; j++) part[2 + j] = (float)z * vmean[j];
 }
 
 void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, int lo, int hi)
@@ -172,7 +171,7 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
     float c = 0, *tmp = w->tmp + (size_t)tid * w->n_ctx;
     attend_part(dpart_slot(s, g, 2, h % w->grp), q, 1, d, &s->kv, l, g, 0, idx, n, w->scores + (size_t)tid * w->n_ctx,
                 tmp, tip, lo, hi, &c);
-    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), &s->kv, l, g, s->n_past + 1, tip, lo, hi, idx, n, c);
+    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), d, w->vmean + (size_t)g * d, tip, lo, hi, idx, n, c);
     count_bytes(s, (uint64_t)n * 2 * d * kvcache_esz(&s->kv));
 }
 
@@ -293,11 +292,12 @@ static void attend_tail(float *out, const model *m, run_state *s, int l, int h, 
     const policy *p = s->policy;
     const int d = m->cfg.d_head, g = h / (m->cfg.n_head / m->cfg.n_kv_head), t = pos + 1;
     int lo, hi;
-    float part[2][1026], c = 0;   /* d <= 1024 */
+    float part[2][1026], vmean[1024], c = 0;   /* d <= 1024 */
     if (!policy_forced(&p->o, t, policy_layer_budget(&p->o, l), &lo, &hi)) lo = hi = 0;   /* no room: no tail */
     attend_part(part[0], s->q + (size_t)(pos - s->n_past) * m->cfg.n_head * d + (size_t)h * d, 1, d, &s->kv, l, g, 0,
                 idx, n, scores, tmp, S, lo, hi, &c);
-    attn_tail(part[1], &s->kv, l, g, t, S, lo, hi, idx, n, c);
+    kvcache_value_mean(&s->kv, l, g, t, vmean);
+    attn_tail(part[1], d, vmean, S, lo, hi, idx, n, c);
     float mx;
     const float w = parts_merge(out, part[0], 1026, 2, d, &mx) * expf(part[0][0] - mx);
     for (int i = 0; i < n; i++) scores[i] *= w;   /* the chosen rows' weights, as attend leaves them */

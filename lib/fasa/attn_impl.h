@@ -26,21 +26,22 @@ struct attn_work {
     float *dscores;  /* (n_threads, 2 grp, n_ctx) a KV group's queries against a run of rows */
     float *bscores;  /* (n_threads, 2 n_batch, n_ctx) a batch's queries against the cache */
     float *dpart;    /* (n_kv, DECODE_PARTS, grp, d_head + 2) decode partials: max, sum, output */
+    float *vmean;    /* (n_kv, d_head) the tail's mean values, once per KV group a step (fasa_decode) */
 };
 
 /* Rows [a, b) of KV group g for the group's decode queries, into slot p of the partials. */
 void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b);
 /* Head h's chosen rows idx[0..n) of [lo, hi), into slot 2 of its group's partials; with the tail
- * (policy_opts.tail), the rest of [lo, hi) into slot 3 (attn_tail, from the head's TIP row). */
+ * (policy_opts.tail), the rest of [lo, hi) into slot 3 (attn_tail, from the head's TIP row and
+ * its group's mean value in s->attn->vmean). */
 void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, int lo, int hi);
 /* The tail: the rows of [lo, hi) not among idx[0..n) as one partial (max, sum, weighted values:
  * d + 2 floats; an empty one (-inf, 0, zeros)). Their logits are estimated as scale S[i] + c (S:
  * TIP's raw scores of the rows; c: the chosen rows' exact logits less their TIP estimates, on
- * average), their values as the mean value of rows [0, t) (kvcache_value_mean).
- * Chosen on the calibration text (README, "The unchosen rows as one
- * estimate"). */
-void attn_tail(float *part, const kvcache *kv, int l, int g, int t, const float *S, int lo, int hi,
-               const int32_t *idx, int n, float c);
+ * average), their values as vmean, the mean value of every cached row (kvcache_value_mean).
+ * Chosen on the calibration text (README, "The unchosen rows as one estimate"). */
+void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, int hi, const int32_t *idx, int n,
+               float c);
 /* Merges slots 0..P-1 of every head's partials into s->att_out. */
 void attn_merge(const model *m, run_state *s, int P);
 

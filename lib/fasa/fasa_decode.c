@@ -196,6 +196,9 @@ void fasa_decode(const model *m, run_state *s, int l, int lo, int hi, int mid, i
         int *cn = p->cand_n + (size_t)tid * H;
         for (int h = 0; h < H; h++) cn[h] = 0;
         int p0, p1;
+        if (p->o.tail)   /* the tail's mean values, once per group (its heads' tails read them) */
+            for (int g = tid; g < G; g += nt)
+                kvcache_value_mean(&s->kv, l, g, s->n_past + 1, s->attn->vmean + (size_t)g * c->d_head);
         tip_share(cost, tid, nt, G, lo, hi, &p0, &p1);
         for (int g = p0 / L; g < G && g * L < p1; g++) {
             const int a = lo + (p0 > g * L ? p0 - g * L : 0), b = lo + (p1 < (g + 1) * L ? p1 - g * L : L);
