@@ -267,11 +267,13 @@ Test(cli, real_model_speed_rows, .timeout = 1800)
         const char *pol = cJSON_GetObjectItem(r, "policy")->valuestring;
         double res = cJSON_GetObjectItem(r, "kv_resident_mb")->valuedouble,
                tot = cJSON_GetObjectItem(r, "kv_total_mb")->valuedouble;
-        /* fasa-m keeps only what TIP reads: the 4-bit copy, 1/8 of the f16 key and value or less
+        /* fasa-m keeps only what TIP reads: the 4-bit copy, and with the tail estimate the value
+         * sums (d_head f32 per 64 rows: 4 bytes a key at most); 1/8 of the f16 key and value or less
          * (to 0.1%: its bytes per key are a fraction, the offsets' share, and the row rounds them) */
         if (!strcmp(pol, "fasa-m")) {
             const double tb = cJSON_GetObjectItem(r, "tip_bytes_per_key")->valuedouble;
-            cr_expect_float_eq(res / tot, tb / (2 * 64 * 2), 1e-3 * res / tot, "fasa-m resident %g of %g", res, tot);
+            cr_expect_geq(res / tot, tb / (2 * 64 * 2) * (1 - 1e-3), "fasa-m resident %g of %g", res, tot);
+            cr_expect_leq(res / tot, (tb + 4) / (2 * 64 * 2) * (1 + 1e-3), "fasa-m resident %g of %g", res, tot);
             cr_expect_leq(res / tot, 0.125, "fasa-m resident %g of %g", res, tot);
         } else if (!strcmp(pol, "full")) {
             cr_expect_float_eq(res, tot, 1e-9);
