@@ -55,7 +55,7 @@ static const char usage_text[] =
     "                        off, the default; not with --rerank or --budget auto)\n"
     "      --tail on|off     fasa: the tokens left unchosen join attention as one estimate (their\n"
     "                        logits from TIP's scores, their values the mean value; CPU, not with\n"
-    "                        --group or --budget auto). Default off. README, Accuracy\n"
+    "                        --group or --budget auto). Default on. README, Accuracy\n"
     "      --exact           every weight product in f32 over dequantised rows (activations not\n"
     "                        rounded to integers as the fast kernels do; slower): what an f32\n"
     "                        reference on the dequantised weights computes (make verify)\n"
