@@ -1255,12 +1255,16 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     cr_expect(!pol.o.tail && !ko.value_sums, "--group without --tail: no tail, no error");
     policy_free(&pol);
     so.group = 0;
-    const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4" };
-    const int want[] = { SESSION_TAIL, 1, 0, 1, 0 };
-    for (int i = 0; i < 5; i++) {
+    const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4", "default-a95",
+                            "default-gx1", "default-x2" };
+    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL };
+    for (int i = 0; i < 8; i++) {
         bench_policy bp;
         cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
         cr_expect_eq(bp.o.tail, want[i], "%s", names[i]);
+        bp.o.prof = &e.p;
+        cr_expect_eq(policy_init(&pol, e.m, &bp.o, err), 0, "%s: %s", names[i], err);   /* what it asks, it can run */
+        policy_free(&pol);
     }
     so.tail = 1;
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
