@@ -36,6 +36,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (v.o.rerank) out->o.rerank = v.o.rerank;
         if (v.o.group_rerank) out->o.group_rerank = v.o.group_rerank;
         if (v.o.tip_union) out->o.tip_union = 1;
+        if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
         /* the tail as `fasa run` takes it: on unless -notail, off beside what it does not take
          * (auto budgets, group reranking) unless -tail asks for it */
         if (v.o.tail || strstr(spec + 7, "-notail") || out->o.auto_mass > 0 || out->o.group_rerank > 0)
