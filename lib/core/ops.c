@@ -1033,7 +1033,7 @@ void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double
     __m512 acc = _mm512_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         const __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), m), sc));
-        if (y) _mm512_storeu_ps(y + i, e);
+        _mm512_storeu_ps(y + i, e);
         acc = _mm512_add_ps(acc, e);
     }
     s = _mm512_reduce_add_ps(acc);
@@ -1042,18 +1042,14 @@ void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) {
         const __m256 e = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), sc));
-        if (y) _mm256_storeu_ps(y + i, e);
+        _mm256_storeu_ps(y + i, e);
         acc = _mm256_add_ps(acc, e);
     }
     float lane[8];
     _mm256_storeu_ps(lane, acc);
     for (int j = 0; j < 8; j++) s += lane[j];
 #endif
-    for (; i < n; i++) {
-        const float v = exp_clamped((x[i] - mx) * scale);
-        if (y) y[i] = v;
-        s += v;
-    }
+    for (; i < n; i++) s += y[i] = exp_clamped((x[i] - mx) * scale);
     *sum = s;
 }
 

@@ -136,8 +136,7 @@ void ops_exp(float *y, const float *x, int n);
 /* y[i] = exp((x[i] - max) * scale), the same exp, over finite x; returns max and *sum the sum of
  * the y (the unnormalised softmax of x / scale and its mass). y may be x. */
 float ops_exp_shifted(float *y, const float *x, int n, float scale, double *sum);
-/* The same with the max given: y[i] = exp((x[i] - mx) * scale), *sum their sum. y may be x, or
- * NULL for the sum alone. */
+/* The same with the max given: y[i] = exp((x[i] - mx) * scale), *sum their sum. y may be x. */
 void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double *sum);
 /* The sum of exp((x[i] - mx) * scale) over x[0..n), each exp to 3e-6 relative (a degree-4
  * polynomial: for estimates, about twice the speed of ops_exp_from); -1 when some x[i] > mx
