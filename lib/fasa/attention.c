@@ -152,7 +152,7 @@ void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, i
     float mx = -INFINITY;
     for (int k = 0; k < n; k++)
         if (idx[k] >= lo && idx[k] < hi && S[idx[k]] > mx) mx = S[idx[k]];
-    double all = n ? ops_exp_sum_est(S + lo, hi - lo, mx, scale) : -1, chosen = 0;
+    double all = mx > -INFINITY ? ops_exp_sum_est(S + lo, hi - lo, mx, scale) : -1, chosen = 0;   /* none chosen */
     if (all < 0) mx = ops_max(S + lo, hi - lo), all = ops_exp_sum_est(S + lo, hi - lo, mx, scale);
     for (int k = 0; k < n; k++)
         if (idx[k] >= lo && idx[k] < hi) chosen += expf((S[idx[k]] - mx) * scale);
