@@ -39,7 +39,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         if (strstr(spec + 7, "-own")) out->o.tip_union = 0;   /* the previous default: own chunks */
         /* the tail as `fasa run` takes it: on unless -notail, off beside what it does not take
          * (auto budgets, group reranking) unless -tail asks for it */
-        if (v.o.tail || strstr(spec + 7, "-notail") || out->o.auto_mass > 0 || out->o.group_rerank > 0)
+        if (v.o.tail || strstr(spec + 7, "-notail") || !policy_tail_fits(&out->o))
             out->o.tail = v.o.tail;
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;

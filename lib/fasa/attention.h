@@ -172,6 +172,8 @@ const char *policy_name(enum policy_kind k);
 int  policy_parse(const char *name, enum policy_kind *out);
 policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget);
 int  policy_init(policy *p, const model *m, const policy_opts *o, char *err);
+/* Whether o's selection takes the tail estimate: per head, a fixed budget, no group rerank. */
+int  policy_tail_fits(const policy_opts *o);
 void policy_free(policy *p);
 /* Sizes p's scratch for a context of n_ctx tokens and n_threads threads (grows, never shrinks;
  * the decode loop then allocates nothing). */

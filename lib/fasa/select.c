@@ -72,7 +72,7 @@ int policy_init(policy *p, const model *m, const policy_opts *o, char *err)
     if (o->fcs < 1 || o->fcs > nc) return fasa_error(err, FASA_EARG, "F must be between 1 and %d chunks", nc);
     if (o->group_rerank > 0 && (!o->tip_bits || o->group || o->auto_mass > 0 || o->rerank > 1))
         return fasa_error(err, FASA_EARG, "group rerank takes the 4-bit TIP copy and a fixed budget, without rerank");
-    if (o->tail && (o->group || o->auto_mass > 0 || o->group_rerank > 0))
+    if (o->tail && !policy_tail_fits(o))
         return fasa_error(err, FASA_EARG, "the tail estimate takes per-head selection and a fixed budget, "
                                           "without group rerank");
     if (o->kind == POLICY_FASA && !o->prof)
@@ -255,6 +255,11 @@ static void tip_scores(float *S, const float *q, const kvcache *kv, int l, int g
         for (int j = 0; j < n_dom; j++) acc += qd[j] * k[dom[j]];
         S[i] = add ? S[i] + acc : acc;
     }
+}
+
+int policy_tail_fits(const policy_opts *o)
+{
+    return !o->group && !(o->auto_mass > 0) && o->group_rerank <= 0;
 }
 
 void policy_kv_opts(const policy *p, kv_opts *ko)
