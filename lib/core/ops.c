@@ -1001,6 +1001,28 @@ double ops_exp_sum_est(const float *x, int n, float mx, float scale)
     }
     s = _mm512_reduce_add_ps(acc);
     above = up != 0;
+#elif defined(OPS_AVX2)
+    /* 2^k by the exponent field: k >= -126 stays normal; below it the value is under 2^-126 of
+     * the max's 1 and counts as 0 (the scalar end gives it as a subnormal). */
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mx);
+    const __m256 lo = _mm256_set1_ps(-126.0f);
+    __m256 acc = _mm256_setzero_ps(), up = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        up = _mm256_or_ps(up, _mm256_cmp_ps(v, vm, _CMP_GT_OQ));
+        const __m256 t = _mm256_fmadd_ps(v, va, vb);
+        const __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 f = _mm256_sub_ps(t, k);
+        __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_Q4), f, _mm256_set1_ps(EXP2_Q3));
+        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q2));
+        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q1));
+        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q0));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        const __m256 keep = _mm256_cmp_ps(k, lo, _CMP_GE_OQ);
+        acc = _mm256_add_ps(acc, _mm256_and_ps(keep, _mm256_mul_ps(q, _mm256_castsi256_ps(e))));
+    }
+    s = hsum256(acc);
+    above = _mm256_movemask_ps(up) != 0;
 #endif
     for (; i < n; i++) {
         above |= x[i] > mx;
