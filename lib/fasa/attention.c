@@ -154,8 +154,13 @@ void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, i
         if (idx[k] >= lo && idx[k] < hi && S[idx[k]] > mx) mx = S[idx[k]];
     double all = mx > -INFINITY ? ops_exp_sum_est(S + lo, hi - lo, mx, scale) : -1, chosen = 0;   /* none chosen */
     if (all < 0) mx = ops_max(S + lo, hi - lo), all = ops_exp_sum_est(S + lo, hi - lo, mx, scale);
-    for (int k = 0; k < n; k++)
-        if (idx[k] >= lo && idx[k] < hi) chosen += expf((S[idx[k]] - mx) * scale);
+    float buf[256];   /* the chosen rows' scores, gathered to take the same estimate a vector at a time */
+    int b = 0;
+    for (int k = 0; k < n; k++) {
+        if (idx[k] >= lo && idx[k] < hi) buf[b++] = S[idx[k]];
+        if (b == 256) chosen += ops_exp_sum_est(buf, b, mx, scale), b = 0;
+    }
+    chosen += ops_exp_sum_est(buf, b, mx, scale);
     const double z = all - chosen;
     if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
