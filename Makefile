@@ -24,7 +24,7 @@ TEST_OBJ:= $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB     := $(BUILD)/libfasa.a
 VENV    := .venv
 
-.PHONY: all test verify clean sanitize bench
+.PHONY: all test verify clean sanitize test-avx2 bench
 
 all: $(BIN)/fasa $(LIB)
 
@@ -75,6 +75,11 @@ sanitize:
 	FASA_PROFILE=$(CURDIR)/models/SmolLM2-135M-Instruct.Q4_1.profile.json \
 	$(MAKE) BUILD=build-asan BIN=build-asan/bin OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer" test
 
+# The suite built for a CPU with AVX2 and FMA but no AVX-512 (the kernels' AVX2 bodies and
+# scalar ends, which this host's native build never runs).
+test-avx2:
+	$(MAKE) BUILD=build-avx2 BIN=bin-avx2 OPT="-O2 -march=haswell" test
+
 # Speed (issue 6): decode tok/s, attention ms, bytes, GB/s and KV memory by tier at cache depths
 # 0..32k for full, fasa-c, fasa-m and quest, medians of 5 runs, ratios printed; plus the CA table.
 # Minutes, not seconds: not part of `make test`.
@@ -85,7 +90,7 @@ bench: $(BIN)/fasa
 	$(BIN)/fasa bench $(BENCH_MODEL) --task ca --csv $(BUILD)/bench-ca.csv
 
 clean:
-	rm -rf build build-asan bin
+	rm -rf build build-asan build-avx2 bin bin-avx2
 
 -include $(LIB_OBJ:.o=.d) $(CMD_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
 
