@@ -969,6 +969,9 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, i
 #define EXP2_Q2 0.24024745f
 #define EXP2_Q3 0.05591776f
 #define EXP2_Q4 0.00957005f
+/* The polynomial at f by Horner's rule, in any vector width (FMA and SET1: its intrinsics) */
+#define EXP2_POLY(FMA, SET1, f) \
+    FMA(FMA(FMA(FMA(SET1(EXP2_Q4), f, SET1(EXP2_Q3)), f, SET1(EXP2_Q2)), f, SET1(EXP2_Q1)), f, SET1(EXP2_Q0))
 
 static inline float exp2_est(float x)
 {
@@ -993,10 +996,7 @@ double ops_exp_sum_est(const float *x, int n, float mx, float scale)
         const __m512 t = _mm512_max_ps(_mm512_fmadd_ps(v, va, vb), lo);
         const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 f = _mm512_sub_ps(t, k);
-        __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_Q4), f, _mm512_set1_ps(EXP2_Q3));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(EXP2_Q2));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(EXP2_Q1));
-        q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(EXP2_Q0));
+        const __m512 q = EXP2_POLY(_mm512_fmadd_ps, _mm512_set1_ps, f);
         acc = _mm512_add_ps(acc, _mm512_scalef_ps(q, k));
     }
     s = _mm512_reduce_add_ps(acc);
@@ -1013,10 +1013,7 @@ double ops_exp_sum_est(const float *x, int n, float mx, float scale)
         const __m256 t = _mm256_fmadd_ps(v, va, vb);
         const __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256 f = _mm256_sub_ps(t, k);
-        __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_Q4), f, _mm256_set1_ps(EXP2_Q3));
-        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q2));
-        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q1));
-        q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(EXP2_Q0));
+        const __m256 q = EXP2_POLY(_mm256_fmadd_ps, _mm256_set1_ps, f);
         const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
         const __m256 keep = _mm256_cmp_ps(k, lo, _CMP_GE_OQ);
         acc = _mm256_add_ps(acc, _mm256_and_ps(keep, _mm256_mul_ps(q, _mm256_castsi256_ps(e))));
