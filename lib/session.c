@@ -156,10 +156,10 @@ int fasa_tip_parse(const char *s)
     return -1;
 }
 
-/* The tail estimate goes with these options: per-head selection, a fixed budget, the CPU. */
-static int session_tail_fits(const session_opts *o)
+/* The tail estimate goes with the selection po makes (policy_tail_fits) on the CPU. */
+static int session_tail_fits(const session_opts *o, const policy_opts *po)
 {
-    return !o->group && !(o->target_mass > 0) && o->group_rerank <= 0 && o->device != FASA_DEVICE_CUDA;
+    return policy_tail_fits(po) && o->device != FASA_DEVICE_CUDA;
 }
 
 void session_policy_opts(const model *m, const profile *prof, const session_opts *o, policy_opts *po)
@@ -179,12 +179,12 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     po->group_rerank = o->group_rerank;
-    po->tail = (o->tail < 0 ? SESSION_TAIL : o->tail) && session_tail_fits(o);
     if (o->target_mass > 0) {
         po->auto_mass = o->target_mass;
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
         if (o->n_recent < 0) po->n_recent = SESSION_AUTO_RECENT;
     }
+    po->tail = (o->tail < 0 ? SESSION_TAIL : o->tail) && session_tail_fits(o, po);
 }
 
 int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
@@ -195,7 +195,7 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
-    if (o->tail == 1 && !session_tail_fits(o))
+    if (o->tail == 1 && !session_tail_fits(o, &po))
         return fasa_error(err, FASA_EARG, "--tail on takes per-head selection and a fixed budget on the CPU: "
                                           "not --group, --group-rerank, --budget auto or --device cuda");
     if (!po.tip_bits) {
