@@ -795,100 +795,136 @@ size_t ops_attn_flash_floats(int nh, int d)
     return (size_t)nh * d * 64 + 2 * (size_t)OPS_FLASH_TILE * d + (size_t)OPS_FLASH_TILE * 64;   /* Qt, Kf, Vf, St */
 }
 
+#ifdef OPS_AVX2
+/* One kernel in either width: FW lanes (queries) a vector, FNV query vectors by 6 keys in a score
+ * tile and 6 queries by FU value vectors in an accumulation, as many as the registers hold (32 of
+ * 16 lanes with AVX-512, 16 of 8 with AVX2). fv_max_if / fv_zero_unless act on the lanes whose
+ * length n exceeds j. */
 #ifdef __AVX512F__
-/* R keys (rows of Kf, d apart) against the queries, NV registers of Qt a dim (QS floats apart),
- * into R rows of St: each key value is broadcast once for NV x 16 queries. */
+#define FW 16
+#define FNV 4
+#define FU 4
+typedef __m512 fv;
+typedef __m512i iv;
+#define fv_(op) _mm512_##op##_ps
+#define iv_load(p) _mm512_loadu_si512(p)
+#define iv_sub _mm512_sub_epi32
+#define iv_set1 _mm512_set1_epi32
+#define fv_exp exp512
+#define fv_max_if(a, x, n, j) _mm512_mask_max_ps(a, _mm512_cmpgt_epi32_mask(n, iv_set1(j)), a, x)
+#define fv_zero_unless(x, n, j) _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(n, iv_set1(j)), x)
+#else
+#define FW 8
+#define FNV 2
+#define FU 2
+typedef __m256 fv;
+typedef __m256i iv;
+#define fv_(op) _mm256_##op##_ps
+#define iv_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define iv_sub _mm256_sub_epi32
+#define iv_set1 _mm256_set1_epi32
+#define fv_exp exp256
+#define fv_lanes(n, j) _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, iv_set1(j)))
+#define fv_max_if(a, x, n, j) _mm256_blendv_ps(a, _mm256_max_ps(a, x), fv_lanes(n, j))
+#define fv_zero_unless(x, n, j) _mm256_and_ps(x, fv_lanes(n, j))
+#endif
+#define FQ (64 / FW)   /* query vectors at most */
+
+/* R keys (rows of Kf, d apart) against NV vectors of queries (Qt, a dim per row, QS floats apart),
+ * into R rows of St: each key value is broadcast once for NV x FW queries. */
 static inline __attribute__((always_inline)) void
 flash_scores(float *St, int QS, const float *Qt, const float *Kf, int d, const int R, const int NV)
 {
-    __m512 a[6][4];
+    fv a[6][FNV];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) a[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++) a[r][v] = fv_(setzero)();
     for (int c = 0; c < d; c++) {
-        __m512 q[4];
+        fv q[FNV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(Qt + (size_t)c * QS + 16 * v);
+        for (int v = 0; v < NV; v++) q[v] = fv_(loadu)(Qt + (size_t)c * QS + FW * v);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            const __m512 k = _mm512_set1_ps(Kf[(size_t)r * d + c]);
+            const fv k = fv_(set1)(Kf[(size_t)r * d + c]);
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) a[r][v] = _mm512_fmadd_ps(k, q[v], a[r][v]);
+            for (int v = 0; v < NV; v++) a[r][v] = fv_(fmadd)(k, q[v], a[r][v]);
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) _mm512_storeu_ps(St + (size_t)r * QS + 16 * v, a[r][v]);
+        for (int v = 0; v < NV; v++) fv_(storeu)(St + (size_t)r * QS + FW * v, a[r][v]);
 }
 
-/* Output rows i0..i0+R-1, dims c0..c0+16U-1: scaled by their queries' al, plus the b weighted
+/* Output rows i0..i0+R-1, dims c0..c0+FW U-1: scaled by their queries' al, plus the b weighted
  * rows of Vf (weights Pt[j QS + i]): each value load serves R queries. */
 static inline __attribute__((always_inline)) void
 flash_accum(float *O, int ldo, const float *al, const float *Pt, int QS, const float *Vf, int b, int d, int i0, int c0,
             const int R, const int U)
 {
-    __m512 a[6][4];
+    fv a[6][FU];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
-        const __m512 s = _mm512_set1_ps(al[i0 + r]);
+        const fv s = fv_(set1)(al[i0 + r]);
         const float *o = O + (size_t)(i0 + r) * ldo + c0;
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) a[r][u] = _mm512_mul_ps(s, _mm512_loadu_ps(o + 16 * u));
+        for (int u = 0; u < U; u++) a[r][u] = fv_(mul)(s, fv_(loadu)(o + FW * u));
     }
     for (int j = 0; j < b; j++) {
-        __m512 v[4];
+        fv v[FU];
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) v[u] = _mm512_loadu_ps(Vf + (size_t)j * d + c0 + 16 * u);
+        for (int u = 0; u < U; u++) v[u] = fv_(loadu)(Vf + (size_t)j * d + c0 + FW * u);
 #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
-            const __m512 p = _mm512_set1_ps(Pt[(size_t)j * QS + i0 + r]);
+            const fv p = fv_(set1)(Pt[(size_t)j * QS + i0 + r]);
 #pragma GCC unroll 4
-            for (int u = 0; u < U; u++) a[r][u] = _mm512_fmadd_ps(p, v[u], a[r][u]);
+            for (int u = 0; u < U; u++) a[r][u] = fv_(fmadd)(p, v[u], a[r][u]);
         }
     }
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int u = 0; u < U; u++) _mm512_storeu_ps(O + (size_t)(i0 + r) * ldo + c0 + 16 * u, a[r][u]);
+        for (int u = 0; u < U; u++) fv_(storeu)(O + (size_t)(i0 + r) * ldo + c0 + FW * u, a[r][u]);
 }
 
-#define FLASH_NV(R, NV)                                                                                                \
-    switch (NV) {                                                                                                      \
-    case 1: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 1); break;                             \
-    case 2: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 2); break;                             \
-    case 3: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 3); break;                             \
-    default: flash_scores(St + (size_t)j * QS, QS, Qt, kf + (size_t)j * d, d, R, 4); break;                            \
+/* R keys from row j against nv query vectors from Sv's and Qv's (at most FNV); the accumulation of
+ * U value vectors (at most FU). Cases past the width's registers fold into the last (never run). */
+#define FLASH_SCORES(R, nv)                                                                                            \
+    switch (nv) {                                                                                                      \
+    case 1: flash_scores(Sv + (size_t)j * QS, QS, Qv, kf + (size_t)j * d, d, R, 1); break;                           \
+    case 2: flash_scores(Sv + (size_t)j * QS, QS, Qv, kf + (size_t)j * d, d, R, 2); break;                           \
+    case 3: flash_scores(Sv + (size_t)j * QS, QS, Qv, kf + (size_t)j * d, d, R, FNV < 3 ? FNV : 3); break;           \
+    default: flash_scores(Sv + (size_t)j * QS, QS, Qv, kf + (size_t)j * d, d, R, FNV); break;                        \
     }
-#define FLASH_U(R, U)                                                                                                  \
+#define FLASH_ACCUM(R, U)                                                                                              \
     switch (U) {                                                                                                       \
     case 1: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 1); break;                                          \
     case 2: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 2); break;                                          \
-    case 3: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 3); break;                                          \
-    default: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, 4); break;                                         \
+    case 3: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, FU < 3 ? FU : 3); break;                            \
+    default: flash_accum(Ok, ldo, al, St, QS, vf, b, d, i0, c0, R, FU); break;                                        \
     }
 
 int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
                    const void *V, int h16, int t, const int *len, int d, float scale, float *work)
 {
     if (nq < 1 || nq > 64 || nh < 1 || nh > 8 || d % 16 || d > 256) return -1;
-    const int NV = (nq + 15) / 16, QS = 16 * NV;
+    const int NV = (nq + FW - 1) / FW, QS = FW * NV;
     float *Kf = work + (size_t)nh * d * 64, *Vf = Kf + (size_t)OPS_FLASH_TILE * d;
     float *St = Vf + (size_t)OPS_FLASH_TILE * d, al[64], sum[64];
-    __m512 ms[8][4], ls[8][4];
-    __m512i L[4];
+    fv ms[8][FQ], ls[8][FQ];
+    iv L[FQ];
     for (int v = 0; v < NV; v++) {
-        int lv[16];
-        for (int k = 0; k < 16; k++) lv[k] = 16 * v + k < nq ? len[16 * v + k] : 0;
-        L[v] = _mm512_loadu_si512(lv);
+        int lv[FW];
+        for (int k = 0; k < FW; k++) lv[k] = FW * v + k < nq ? len[FW * v + k] : 0;
+        L[v] = iv_load(lv);
     }
     for (int k = 0; k < nh; k++) {   /* each head's queries, scaled, one dim per row; lanes past nq zero */
         float *Qt = work + (size_t)k * d * 64;
         const float *Qk = Q + (size_t)k * hstride;
         for (int c = 0; c < d; c++)
             for (int i = 0; i < QS; i++) Qt[(size_t)c * QS + i] = i < nq ? Qk[(size_t)i * ldq + c] * scale : 0.0f;
-        for (int v = 0; v < NV; v++) ms[k][v] = _mm512_set1_ps(-INFINITY), ls[k][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++) ms[k][v] = fv_(set1)(-INFINITY), ls[k][v] = fv_(setzero)();
         for (int i = 0; i < nq; i++) memset(O + (size_t)k * hstride + (size_t)i * ldo, 0, sizeof(float) * d);
     }
     const size_t rb = (size_t)d * (h16 ? 2 : 4);
@@ -903,48 +939,49 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, i
         }
         for (int k = 0; k < nh; k++) {   /* the heads in turn over the tile, converted once */
             const float *Qt = work + (size_t)k * d * 64;
-            __m512 *m = ms[k], *l = ls[k];
+            fv *m = ms[k], *l = ls[k];
             float *Ok = O + (size_t)k * hstride;
-            int j = 0;
-            for (; j + 6 <= b; j += 6) FLASH_NV(6, NV)
-            for (; j < b; j++) FLASH_NV(1, NV)
+            for (int v0 = 0; v0 < NV; v0 += FNV) {
+                const int nv = NV - v0 < FNV ? NV - v0 : FNV;
+                float *Sv = St + FW * v0;
+                const float *Qv = Qt + FW * v0;
+                int j = 0;
+                for (; j + 6 <= b; j += 6) FLASH_SCORES(6, nv)
+                for (; j < b; j++) FLASH_SCORES(1, nv)
+            }
             /* each query's running max and sum; the tile's weights in place of its scores (zero past
              * the query's length) */
             for (int v = 0; v < NV; v++) {
-                const __m512i nv = _mm512_sub_epi32(L[v], _mm512_set1_epi32(j0));
-                __m512 tm = _mm512_set1_ps(-INFINITY);
+                const iv nv = iv_sub(L[v], iv_set1(j0));
+                fv tm = fv_(set1)(-INFINITY);
+                for (int jj = 0; jj < b; jj++) tm = fv_max_if(tm, fv_(loadu)(St + (size_t)jj * QS + FW * v), nv, jj);
+                const fv M = fv_(max)(m[v], tm), a = fv_exp(fv_(sub)(m[v], M));
+                fv ts = fv_(setzero)();
                 for (int jj = 0; jj < b; jj++) {
-                    const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
-                    tm = _mm512_mask_max_ps(tm, ok, tm, _mm512_loadu_ps(St + (size_t)jj * QS + 16 * v));
+                    float *row = St + (size_t)jj * QS + FW * v;
+                    const fv p = fv_zero_unless(fv_exp(fv_(sub)(fv_(loadu)(row), M)), nv, jj);
+                    fv_(storeu)(row, p);
+                    ts = fv_(add)(ts, p);
                 }
-                const __m512 M = _mm512_max_ps(m[v], tm), a = exp512(_mm512_sub_ps(m[v], M));
-                __m512 ts = _mm512_setzero_ps();
-                for (int jj = 0; jj < b; jj++) {
-                    const __mmask16 ok = _mm512_cmpgt_epi32_mask(nv, _mm512_set1_epi32(jj));
-                    float *row = St + (size_t)jj * QS + 16 * v;
-                    const __m512 p = _mm512_maskz_mov_ps(ok, exp512(_mm512_sub_ps(_mm512_loadu_ps(row), M)));
-                    _mm512_storeu_ps(row, p);
-                    ts = _mm512_add_ps(ts, p);
-                }
-                l[v] = _mm512_fmadd_ps(l[v], a, ts), m[v] = M;
-                _mm512_storeu_ps(al + 16 * v, a);
+                l[v] = fv_(fmadd)(l[v], a, ts), m[v] = M;
+                fv_(storeu)(al + FW * v, a);
             }
             for (int i0 = 0; i0 < nq; i0 += 6)
-                for (int c0 = 0; c0 < d; c0 += 64) {
-                    const int U = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
+                for (int c0 = 0; c0 < d; c0 += FW * FU) {
+                    const int U = (d - c0) / FW < FU ? (d - c0) / FW : FU;
                     switch (nq - i0 < 6 ? nq - i0 : 6) {
-                    case 1: FLASH_U(1, U) break;
-                    case 2: FLASH_U(2, U) break;
-                    case 3: FLASH_U(3, U) break;
-                    case 4: FLASH_U(4, U) break;
-                    case 5: FLASH_U(5, U) break;
-                    default: FLASH_U(6, U) break;
+                    case 1: FLASH_ACCUM(1, U) break;
+                    case 2: FLASH_ACCUM(2, U) break;
+                    case 3: FLASH_ACCUM(3, U) break;
+                    case 4: FLASH_ACCUM(4, U) break;
+                    case 5: FLASH_ACCUM(5, U) break;
+                    default: FLASH_ACCUM(6, U) break;
                     }
                 }
         }
     }
     for (int k = 0; k < nh; k++) {
-        for (int v = 0; v < NV; v++) _mm512_storeu_ps(sum + 16 * v, ls[k][v]);
+        for (int v = 0; v < NV; v++) fv_(storeu)(sum + FW * v, ls[k][v]);
         for (int i = 0; i < nq; i++) {
             const float inv = 1.0f / sum[i];
             float *o = O + (size_t)k * hstride + (size_t)i * ldo;
@@ -953,8 +990,16 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, i
     }
     return 0;
 }
-#undef FLASH_NV
-#undef FLASH_U
+#undef FLASH_SCORES
+#undef FLASH_ACCUM
+#undef FW
+#undef FNV
+#undef FU
+#undef FQ
+#undef fv_
+#undef fv_exp
+#undef fv_max_if
+#undef fv_zero_unless
 #else
 int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
                    const void *V, int h16, int t, const int *len, int d, float scale, float *work)

@@ -276,7 +276,7 @@ static int attend_group_flash(const model *m, run_state *s, int l, int g, int r0
 /* A batch of n queries in `halves` parts takes the flash path: a long cache, parts the kernel
  * takes, keys in one part, room for its scratch, and no statistic that adds up each query's
  * weights (H2O's, or SnapKV's votes for a query in its window). What the kernel may still refuse
- * (head dims, group size, a build without AVX-512) is the same for every part. */
+ * (head dims, group size, a build without AVX2) is the same for every part. */
 static int batch_tiled(const model *m, const run_state *s, int n, int halves)
 {
     const attn_stats *st = s->stats;
