@@ -106,7 +106,8 @@ void ops_attn_accum_multi_f16_ref(float *O, int ldo, const float *P, int nq, con
  * hstride + i ldq) over rows 0..len[i]-1, into O + k hstride + i ldo = softmax(scale q . K) V.
  * By tiles of OPS_FLASH_TILE rows, read once for the heads, under a running max and sum per
  * query, with the queries in the vector lanes (each key and value element loaded once for 16 of
- * them with AVX-512, 8 with AVX2): a GQA group's heads in a prefill batch. work: ops_attn_flash_floats(nh, d) floats.
+ * them with AVX-512, 8 with AVX2): a GQA group's heads in a prefill batch. work:
+ * ops_attn_flash_floats(nh, d) floats.
  * Returns -1, writing nothing, for shapes it does not take or without AVX2 (the caller then
  * attends otherwise). */
 enum { OPS_FLASH_TILE = 256 };
