@@ -1000,6 +1000,10 @@ int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, i
 #undef fv_exp
 #undef fv_max_if
 #undef fv_zero_unless
+#undef fv_lanes
+#undef iv_load
+#undef iv_sub
+#undef iv_set1
 #else
 int ops_attn_flash(float *O, int ldo, const float *Q, int nq, int ldq, int nh, int hstride, const void *K,
                    const void *V, int h16, int t, const int *len, int d, float scale, float *work)
