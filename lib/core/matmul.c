@@ -12,8 +12,15 @@
 /* Below this many multiply-adds a call stays on one thread. */
 #define MM_PARALLEL_MIN 32768
 
-/* Threads: one parallel region per call, no barrier inside it; each thread takes one contiguous,
- * balanced run of rows (static split by bytes for decode, by multiply-adds for prefill). */
+/* Threads: one parallel region per call, no barrier inside it. The rows are cut into
+ * MM_CHUNKS_PER_THREAD parts a thread of equal cost (bytes for decode, multiply-adds for
+ * prefill), and each thread takes the next part left until none is: a thread that a neighbour
+ * on the machine slows down takes fewer parts, where an even split of the rows would leave the
+ * others waiting for it at the region's end (a 2-thread decode step of the 1.5B model waited
+ * about a tenth of its matmul time so). Parts stay large enough to stream: at least
+ * MM_CHUNK_MIN units each. */
+#define MM_CHUNKS_PER_THREAD 8
+#define MM_CHUNK_MIN 65536.0
 
 /* Cost of one row, for balancing threads: bytes streamed in decode, multiply-adds in prefill. */
 static double row_cost(const weight *w, int n)
@@ -136,35 +143,39 @@ typedef struct mm_call {
     const weight *const *w;
     int count, n;
     const float *x;
+    int parts;   /* the rows cut into this many parts of equal cost */
+    int next;    /* the next part no thread has taken (atomic) */
 } mm_call;
 
-/* Thread tid of nt: its balanced part of every product. */
-static void mm_thread(const mm_call *c, int tid, int nt)
+/* One thread's share of a call: parts taken in turn until none is left. */
+static void mm_thread(mm_call *c)
 {
     const int64_t cols = c->w[0]->cols;
     /* the dequantised rows (prefill) or x quantised (decode) of this thread */
     uint8_t scratch[quant_scratch_bytes(cols, c->n)];
     quant_x q;
     quant_prepare(&q, c->x, cols, c->n, scratch);
-    int wa, wb;
-    int64_t ra, rb;
-    split_at(c->w, c->count, c->n, tid, nt, &wa, &ra);
-    split_at(c->w, c->count, c->n, tid + 1, nt, &wb, &rb);
-    for (int i = wa; i <= wb; i++) {
-        const int64_t r0 = i == wa ? ra : 0, r1 = i == wb ? rb : c->w[i]->rows;
-        if (r0 < r1) quant_rows(c->y[i], c->w[i], r0, r1, &q);
+    for (int k; (k = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED)) < c->parts;) {
+        int wa, wb;
+        int64_t ra, rb;
+        split_at(c->w, c->count, c->n, k, c->parts, &wa, &ra);
+        split_at(c->w, c->count, c->n, k + 1, c->parts, &wb, &rb);
+        for (int i = wa; i <= wb; i++) {
+            const int64_t r0 = i == wa ? ra : 0, r1 = i == wb ? rb : c->w[i]->rows;
+            if (r0 < r1) quant_rows(c->y[i], c->w[i], r0, r1, &q);
+        }
     }
 }
 
 void ops_matmul_multi(float *const *y, const weight *const *w, int count, const float *x, int n)
 {
     if (count < 1) return;
-    const mm_call c = { y, w, count, n, x };
+    mm_call c = { y, w, count, n, x, 1, 0 };
     double work = 0;
     for (int i = 0; i < count; i++) work += (double)w[i]->rows * (double)w[0]->cols * n;
     const int nt = work > MM_PARALLEL_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (nt == 1) {
-        mm_thread(&c, 0, 1);
+        mm_thread(&c);
         return;
     }
     /* work in the unit the policy compares: weight bytes (decode) or multiply-adds (prefill) */
@@ -176,10 +187,12 @@ void ops_matmul_multi(float *const *y, const weight *const *w, int count, const 
     const int k = sched_class(work, n), par = sched_pick(k);
     const double t0 = fasa_now();
     if (par) {
+        const double most = units / MM_CHUNK_MIN;
+        c.parts = most < nt ? nt : most < nt * MM_CHUNKS_PER_THREAD ? (int)most : nt * MM_CHUNKS_PER_THREAD;
 #pragma omp parallel num_threads(nt)
-        mm_thread(&c, omp_get_thread_num(), omp_get_num_threads());
+        mm_thread(&c);
     } else {
-        mm_thread(&c, 0, 1);
+        mm_thread(&c);
     }
     sched_note(k, par, (fasa_now() - t0) / units);
 }
