@@ -807,13 +807,41 @@ static inline __m256 k_mins2(uint64_t m0, uint64_t m1, __m128i s32)
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(M, _mm256_broadcastsi128_si256(s32)));
 }
 
+/* Q4_K/Q5_K: values 64 c .. 64 c + 63 of super-block b as unsigned bytes (h: Q5_K's high bits) */
+static inline __attribute__((always_inline)) void k45_bytes(const uint8_t *b, size_t qso, __m256i h, int c,
+                                                            const int q5, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), c16 = _mm256_set1_epi8(16);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * c));
+    *lo = _mm256_and_si256(v, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (q5) {
+        const __m256i bl = _mm256_set1_epi8((char)(1 << 2 * c)), bh = _mm256_set1_epi8((char)(2 << 2 * c));
+        *lo = _mm256_add_epi8(*lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), c16));
+        *hi = _mm256_add_epi8(*hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), c16));
+    }
+}
+
+/* Q6_K: values 128 h + 32 k .. + 31 of super-block b as unsigned bytes (0..63), k < 4 */
+static inline __attribute__((always_inline)) void k6_bytes(const uint8_t *b, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
 static inline __attribute__((always_inline)) void
 q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
           size_t ahead, const int q5)
 {
     const int64_t nb = cols / 256;
     const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), c16 = _mm256_set1_epi8(16);
     const __m256i idx01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), idx23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
     __m256 acc[4][QUANT_TILE_T], accm[2][QUANT_TILE_T];
     #pragma GCC unroll 4
@@ -843,13 +871,8 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
             for (int t = 0; t < T; t++) ia[t] = _mm256_setzero_si256();
             #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(b + qso + 32 * c));
-                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if (q5) {
-                    const __m256i bl = _mm256_set1_epi8((char)(1 << 2 * c)), bh = _mm256_set1_epi8((char)(2 << 2 * c));
-                    lo = _mm256_add_epi8(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bl), bl), c16));
-                    hi = _mm256_add_epi8(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bh), bh), c16));
-                }
+                __m256i lo, hi;
+                k45_bytes(b, qso, h, c, q5, &lo, &hi);
                 const __m256i slo = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c]));
                 const __m256i shi = _mm256_shuffle_epi8(S, LOAD256(K4_SCALE_SHUF[2 * c + 1]));
                 #pragma GCC unroll 4
@@ -890,7 +913,6 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
          size_t ahead)
 {
     const int64_t nb = cols / 256;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4][QUANT_TILE_T];
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
@@ -915,16 +937,8 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
                 ia[t] = _mm256_madd_epi16(nsc, _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i)));
             #pragma GCC unroll 4
             for (int h = 0; h < 2; h++) {
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                const __m256i q[4] = {
-                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
-                };
+                __m256i q[4];
+                k6_bytes(b, h, q);
                 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     const __m256i s = _mm256_srai_epi16(_mm256_shuffle_epi8(sb, LOAD256(K6_SCALE_SHUF[4 * h + k])), 8);
@@ -944,6 +958,133 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x256(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
+
+/* ---- prefill over unpacked rows (AVX2 without AVX-512) ---------------------------------------
+ *
+ * The 4-row tiles unpack a row's nibbles and spread its scales again for every pair of tokens,
+ * and with 16 registers their sums spill: 72 instructions per row, token and super-block in the
+ * 2-token tile. Here a row is unpacked once per token tile into KU_BLOCK bytes a super-block:
+ *   [0, 256)    the 256 weights as unsigned bytes, in x's order;
+ *   [256, 512)  eight int16 vectors, each spreading one 32-value group's scale(s) over its lanes;
+ *   [512, 544)  Q4_K/Q5_K: the eight 6-bit mins (int16); Q6_K: -32 times the sixteen scales;
+ *   [544, 552)  d and (Q4_K/Q5_K) dmin, f32.
+ * Then each group of 32 weights and token takes one vpmaddubsw, one vpmaddwd and an add (about
+ * 30 instructions per row, token and super-block). The integer sums land in the same lanes as
+ * the tiles' and the f32 steps are the tiles' in the same order, so every result is bit for bit
+ * the decode tile's (tests/test_quant.c checks a batch's last token against its decode). */
+#define KU_BLOCK 576
+
+static void ku_q45k(const uint8_t *b, uint8_t *u, int64_t nb, const int q5)
+{
+    const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
+    for (int64_t i = 0; i < nb; i++, b += bb, u += KU_BLOCK) {
+        uint64_t sc, mn;
+        k_scales(b + 4, &sc, &mn);
+        const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i lo, hi;
+            k45_bytes(b, qso, h, c, q5, &lo, &hi);
+            _mm256_store_si256((__m256i *)(u + 64 * c), lo);
+            _mm256_store_si256((__m256i *)(u + 64 * c + 32), hi);
+        }
+        int16_t m[16] = { 0 };
+        for (int j = 0; j < 8; j++) {
+            _mm256_store_si256((__m256i *)(u + 256 + 32 * j), _mm256_set1_epi16((short)(sc >> 8 * j & 0xFF)));
+            m[j] = (int16_t)(mn >> 8 * j & 0xFF);
+        }
+        memcpy(u + 512, m, sizeof m);
+        const float d = f16_scalar(b), dmin = f16_scalar(b + 2);
+        memcpy(u + 544, &d, 4);
+        memcpy(u + 548, &dmin, 4);
+    }
+}
+static void ku_q4_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 0); }
+static void ku_q5_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 1); }
+
+static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 210, u += KU_BLOCK) {
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            k6_bytes(b, h, q);
+            for (int k = 0; k < 4; k++) _mm256_store_si256((__m256i *)(u + 128 * h + 32 * k), q[k]);
+        }
+        const int8_t *sc = (const int8_t *)(b + 192);
+        int16_t nsc[16];
+        for (int j = 0; j < 8; j++) {
+            const __m128i lo = _mm_set1_epi16(sc[2 * j]), hi = _mm_set1_epi16(sc[2 * j + 1]);
+            _mm256_store_si256((__m256i *)(u + 256 + 32 * j), _mm256_setr_m128i(lo, hi));
+        }
+        for (int j = 0; j < 16; j++) nsc[j] = (int16_t)(-32 * sc[j]);
+        memcpy(u + 512, nsc, sizeof nsc);
+        const float d = f16_scalar(b + 208), zero = 0;
+        memcpy(u + 544, &d, 4);
+        memcpy(u + 548, &zero, 4);
+    }
+}
+
+/* One unpacked row u by T tokens of x: y[t ldy] for t < T. */
+static inline __attribute__((always_inline)) void
+ku_tile(float *y, size_t ldy, const uint8_t *u, const xq8 *x, const int T, int64_t cols, const int q6)
+{
+    const int64_t nb = cols / 256;
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int t = 0; t < 4; t++) {
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++, u += KU_BLOCK) {
+        __m256i ia[4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            ia[t] = q6 ? _mm256_madd_epi16(LOAD256(u + 512),
+                                           _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i)))
+                       : _mm256_setzero_si256();
+        #pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            const __m256i w = LOAD256(u + 32 * j), s = LOAD256(u + 256 + 32 * j);
+            #pragma GCC unroll 4
+            for (int t = 0; t < T; t++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x->q + t * cols + 256 * i + 32 * j));
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), s));
+            }
+        }
+        float d, dmin;
+        memcpy(&d, u + 544, 4);
+        memcpy(&dmin, u + 548, 4);
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const float dx = x->d[t * nb + i];
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(d * dx), acc[t]);
+            if (!q6) {
+                const __m128i m = _mm_madd_epi16(_mm_load_si128((const __m128i *)(u + 512)),
+                                                 _mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
+                accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(m), _mm_set1_ps(dmin * dx), accm[t]);
+            }
+        }
+    }
+    __m128 s = hsum4x256(acc[0], acc[1], acc[2], acc[3]);
+    if (!q6) s = _mm_sub_ps(s, _mm_hadd_ps(_mm_hadd_ps(accm[0], accm[1]), _mm_hadd_ps(accm[2], accm[3])));
+    float out[4];
+    _mm_storeu_ps(out, s);
+    for (int t = 0; t < T; t++) y[t * ldy] = out[t];
+}
+
+#define KU_FN(name, q6)                                                                             \
+    static void name(float *y, size_t ldy, const uint8_t *u, const xq8 *x, int T, int64_t cols)    \
+    {                                                                                               \
+        switch (T) {                                                                                \
+        case 1: ku_tile(y, ldy, u, x, 1, cols, q6); return;                                         \
+        case 2: ku_tile(y, ldy, u, x, 2, cols, q6); return;                                         \
+        case 3: ku_tile(y, ldy, u, x, 3, cols, q6); return;                                         \
+        default: ku_tile(y, ldy, u, x, 4, cols, q6); return;                                        \
+        }                                                                                           \
+    }
+KU_FN(ku_tile_q45k, 0)
+KU_FN(ku_tile_q6k, 1)
+#undef KU_FN
+#define KU(f) f
 #undef LOAD256
 #endif /* QUANT_AVX512 */
 
@@ -1178,6 +1319,10 @@ static void row_bf16(const uint8_t *b, float *y, int64_t n)
 #else
 #define K(f) NULL
 #endif /* OPS_AVX2 */
+#ifndef KU   /* no unpacked prefill: AVX-512, or no AVX2 */
+#define KU(f) NULL
+#define KU_BLOCK 0
+#endif
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
@@ -1192,15 +1337,19 @@ static const quant_kernels KERNELS[GGUF_TYPE_COUNT] = {
     [GGUF_TYPE_Q8_0] = { "Q8_0", 32, 34, QUANT_XF_Q16, K(dot4_q8_0), K(dot1_q8_0), NULL, K(row_q8_0), dot_ref_q8_0 },
     [GGUF_TYPE_IQ4_NL] = { "IQ4_NL", 32, 18, QUANT_XF_Q16, K(dot4_iq4_nl), K(dot1_iq4_nl), NULL, K(row_iq4_nl),
                            dot_ref_iq4_nl },
-    [GGUF_TYPE_Q4_K] = { "Q4_K", 256, 144, QUANT_XF_Q8K, NULL, NULL, K(tile_q4_k), K(row_q4_k), dot_ref_q4_k },
-    [GGUF_TYPE_Q5_K] = { "Q5_K", 256, 176, QUANT_XF_Q8K, NULL, NULL, K(tile_q5_k), K(row_q5_k), dot_ref_q5_k },
-    [GGUF_TYPE_Q6_K] = { "Q6_K", 256, 210, QUANT_XF_Q8K, NULL, NULL, K(tile_q6_k), K(row_q6_k), dot_ref_q6_k },
+    [GGUF_TYPE_Q4_K] = { "Q4_K", 256, 144, QUANT_XF_Q8K, NULL, NULL, K(tile_q4_k), K(row_q4_k), dot_ref_q4_k,
+                         KU(ku_q4_k), KU(ku_tile_q45k) },
+    [GGUF_TYPE_Q5_K] = { "Q5_K", 256, 176, QUANT_XF_Q8K, NULL, NULL, K(tile_q5_k), K(row_q5_k), dot_ref_q5_k,
+                         KU(ku_q5_k), KU(ku_tile_q45k) },
+    [GGUF_TYPE_Q6_K] = { "Q6_K", 256, 210, QUANT_XF_Q8K, NULL, NULL, K(tile_q6_k), K(row_q6_k), dot_ref_q6_k,
+                         KU(ku_q6_k), KU(ku_tile_q6k) },
     /* dequantised by the formats, f32 kernels */
     [GGUF_TYPE_Q2_K] = { "Q2_K", 256, 84, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
     [GGUF_TYPE_Q3_K] = { "Q3_K", 256, 110, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
     [GGUF_TYPE_IQ4_XS] = { "IQ4_XS", 256, 136, QUANT_XF_F32, NULL, NULL, NULL, NULL, NULL },
 };
 #undef K
+#undef KU
 
 const quant_kernels *quant_kernels_of(uint32_t type)
 {
@@ -1239,12 +1388,13 @@ void weight_row(const weight *w, int64_t r, float *out)
  * a time so that x's block is loaded once for the four.
  *
  * Prefill (n > 1) is bound by arithmetic. K types: tiles of 4 rows by up to 4 tokens of int8 x
- * (the decode kernel with T tokens), over token tiles whose x fits in L2. Other types: four
+ * (the decode kernel with T tokens), over token tiles whose x fits in L2; without AVX-512, rows
+ * unpacked once per token tile and 4 tokens at a time over each (ku_tile). Other types: four
  * weight rows are dequantised to f32 (in L1) and multiplied against three tokens at a time with
  * the twelve partial sums in ymm registers (tile_4xT); tokens go in tiles whose x rows fit in
  * L2, so each weight row is dequantised once per tile rather than once per token.
  *
- * Threads are matmul.c's: each takes one contiguous, balanced run of rows. */
+ * Threads are matmul.c's: each takes parts of the rows, of equal cost, in turn. */
 
 /* Bytes of x rows a prefill token tile may hold (L2 is 1 MB per core here; 64 tokens of 1536
  * columns in f32, 393 KB, measured faster as one tile than as three). */
@@ -1345,15 +1495,24 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
         const int len = n - t0 < tile ? n - t0 : tile;
         xq8 x;
         quant_xq8(&x, q->x + (size_t)t0 * cols, cols, len, q->buf, 0);
+        /* without AVX-512: four rows unpacked after x, then each group of 4 tokens over them */
+        uint8_t *u = q->buf + ALIGN64(quant_xq8_bytes(cols, tile));
+        const size_t ub = (size_t)(cols / 256) * KU_BLOCK;
+        const int tt = k->utile ? 4 : MM_TILE_T;
         for (int64_t r = r0; r < r1; r += 4) {
             const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
             const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r;
             const uint8_t *ws[4] = { b, b + rb * (nr > 1), b + rb * (nr > 2 ? 2 : 0), b + rb * (nr > 3 ? 3 : 0) };
-            for (int t = 0; t < len; t += MM_TILE_T) {
-                const int T = len - t < MM_TILE_T ? len - t : MM_TILE_T;
+            if (k->utile)
+                for (int i = 0; i < nr; i++) k->unpack(ws[i], u + ub * i, cols / 256);
+            for (int t = 0; t < len; t += tt) {
+                const int T = len - t < tt ? len - t : tt;
                 const xq8 xt = { x.q + (size_t)t * cols, x.qp ? x.qp + (size_t)t * cols : NULL, x.d + t * (cols / 256),
                                  x.s16 + t * (cols / 16), x.s32 + t * (cols / 32), cols };
-                k->tile(y + (size_t)(t0 + t) * rows + r, (size_t)rows, ws, nr, &xt, T, cols, 0);
+                float *yt = y + (size_t)(t0 + t) * rows + r;
+                if (k->utile)
+                    for (int i = 0; i < nr; i++) k->utile(yt + i, (size_t)rows, u + ub * i, &xt, T, cols);
+                else k->tile(yt, (size_t)rows, ws, nr, &xt, T, cols, 0);
             }
         }
     }
@@ -1429,7 +1588,7 @@ size_t quant_scratch_bytes(int64_t cols, int n)
     int tile = (int)(MM_TILE_BYTES / cols);
     if (tile < 1) tile = 1;
     if (tile > n) tile = n;
-    const size_t q8 = cols % 256 ? 0 : quant_xq8_bytes(cols, tile);
+    const size_t q8 = cols % 256 ? 0 : ALIGN64(quant_xq8_bytes(cols, tile)) + 4 * (size_t)(cols / 256) * KU_BLOCK;
     return (f32 > q8 ? f32 : q8) + 64;
 }
 

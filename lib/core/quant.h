@@ -61,6 +61,10 @@ typedef struct quant_kernels {
     /* the scalar twin of the integer kernels: one row and one token, the same rounded x (xq16 or
      * xq8), plain C; NULL for the f32 types */
     float (*dot_ref)(const uint8_t *b, const void *x, int64_t cols);
+    /* prefill without AVX-512 (K types): a row of nb super-blocks unpacked once into bytes and
+     * spread scales (KU_BLOCK bytes a super-block, quant.c), then T <= 4 tokens of it: y[t ldy] */
+    void (*unpack)(const uint8_t *b, uint8_t *u, int64_t nb);
+    void (*utile)(float *y, size_t ldy, const uint8_t *u, const xq8 *x, int T, int64_t cols);
 } quant_kernels;
 
 /* The table row of a type; a row whose dot1 and tile are NULL runs the generic path (rows

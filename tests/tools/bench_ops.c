@@ -1,6 +1,6 @@
 /* bench_ops - times lib/ops kernels on the real model's weight shapes. Not part of the suite.
  *
- *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Iformats \
+ *   make build/libfasa.a && cc -O2 -march=native -fopenmp -I. -Ilib -Ilib/core -Ilib/fasa -Iformats \
  *       tests/tools/bench_ops.c build/libfasa.a -lm -o bin/bench_ops
  *   bin/bench_ops [MODEL.gguf] [-n BATCH] [-r REPEATS] [--copy] [--adaptive] [--best]
  *   bin/bench_ops --types [Q4_K,Q6_K,...] [-r REPEATS] [--best]
