@@ -455,7 +455,9 @@ Test(attention, ppl_kl_to_full, .timeout = 120)
     cr_expect_gt(small->kl, 1e-6, "oracle at 8 of 96 tokens: KL %g", small->kl);
     cr_expect_lt(small->agree, 1.0);
     cr_expect_geq(small->agree, 0.0);
-    cr_expect_float_eq(all->kl, 0.0, 1e-9, "oracle over every token: KL %g", all->kl);
+    /* equal to full attention up to f32 rounding: the summation order differs between the two
+     * paths, and -O1 (make sanitize) gives -3.7e-9 here on an AVX2-only build */
+    cr_expect_float_eq(all->kl, 0.0, 1e-8, "oracle over every token: KL %g", all->kl);
     cr_expect_float_eq(all->agree, 1.0, 1e-12);
     /* full second: the same figures in the list's order */
     cr_expect_float_eq(r[1][0].kl, small->kl, 1e-12);
