@@ -1041,7 +1041,7 @@ ku_tile(float *y, size_t ldy, const uint8_t *u, const xq8 *x, const int T, int64
             ia[t] = q6 ? _mm256_madd_epi16(LOAD256(u + 512),
                                            _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i)))
                        : _mm256_setzero_si256();
-        #pragma GCC unroll 1
+        #pragma GCC unroll 1   /* unrolled, gcc loads all 16 vectors first and spills them */
         for (int j = 0; j < 8; j++) {
             const __m256i w = LOAD256(u + 32 * j), s = LOAD256(u + 256 + 32 * j);
             #pragma GCC unroll 4
