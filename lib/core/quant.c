@@ -1425,15 +1425,10 @@ void weight_row(const weight *w, int64_t r, float *out)
 #define MV_AHEAD_TILE 8192
 #endif
 
-/* Prefill tokens per K-type tile call (1 to QUANT_TILE_T): 3 with AVX-512's 32 registers, 2 with
- * AVX2's 16, where 3 spilled: the 1.5B's prefill of 2,269 tokens on an AVX2-only EPYC went 33.6,
- * 33.7, 35.3 tok/s at 3 to 38.4, 39.5, 42.0 at 2 (31.4-35.1 at 4; alternating builds). */
+/* Prefill tokens per K-type tile call (1 to QUANT_TILE_T), in AVX-512 builds: without AVX-512
+ * the K types prefill over unpacked rows (ku_tile), 4 tokens at a time. */
 #ifndef MM_TILE_T
-#ifdef QUANT_AVX512
 #define MM_TILE_T 3
-#else
-#define MM_TILE_T 2
-#endif
 #endif
 
 #ifdef OPS_AVX2
