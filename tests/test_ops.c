@@ -225,24 +225,29 @@ Test(ops, matmul_shapes_q4_1) { check_matmul_shapes(GGUF_TYPE_Q4_1); }
 Test(ops, matmul_shapes_q4_k) { check_matmul_shapes(GGUF_TYPE_Q4_K); }
 Test(ops, matmul_shapes_q6_k) { check_matmul_shapes(GGUF_TYPE_Q6_K); }
 
-/* Several products in one region give what separate calls give, for every split of the rows. */
-Test(ops, matmul_multi)
+/* Several products in one region give what separate calls give (bit for bit) and are close to
+ * the exact products, for every split of the rows; the K types among them read x rounded once
+ * for all threads (matmul.c), beside types that read it as it is. */
+static void check_multi(const uint32_t types[3], int cols, int seed)
 {
-    const int cols = 576, rows[3] = { 576, 192, 37 };
-    const uint32_t types[3] = { GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0, GGUF_TYPE_F16 };
+    const int rows[3] = { cols, 192, 37 };
     weight wt[3];
     uint8_t *q[3];
-    for (int i = 0; i < 3; i++) q[i] = random_weight(&wt[i], types[i], rows[i], cols, 500 + i);
+    for (int i = 0; i < 3; i++) q[i] = random_weight(&wt[i], types[i], rows[i], cols, seed + i);
     const int saved = omp_get_max_threads();
     ops_threads_adaptive(0);
-    for (int n = 1; n <= 5; n += 4) {
+    const int ns[] = { 1, 5, 64 };
+    for (int ni = 0; ni < 3; ni++) {
+        const int n = ns[ni];
         uint64_t r = 9;
-        float *x = malloc(sizeof(float) * n * cols), *y[3], *yr[3];
+        float *x = malloc(sizeof(float) * n * cols), *y[3], *yr[3], *ys[3];
         for (int i = 0; i < n * cols; i++) x[i] = frand(&r);
         for (int i = 0; i < 3; i++) {
             y[i] = malloc(sizeof(float) * n * rows[i]);
             yr[i] = malloc(sizeof(float) * n * rows[i]);
+            ys[i] = malloc(sizeof(float) * n * rows[i]);
             ops_matmul_ref(yr[i], &wt[i], x, n);
+            ops_matmul(ys[i], &wt[i], x, n);
         }
         const weight *ws[3] = { &wt[0], &wt[1], &wt[2] };
         for (int threads = 1; threads <= 4; threads++) {
@@ -250,14 +255,28 @@ Test(ops, matmul_multi)
             for (int i = 0; i < 3; i++)
                 for (int j = 0; j < n * rows[i]; j++) y[i][j] = NAN;
             ops_matmul_multi(y, ws, 3, x, n);
-            for (int i = 0; i < 3; i++) expect_matmul_close(&wt[i], x, n, y[i], yr[i], "multi");
+            for (int i = 0; i < 3; i++) {
+                expect_matmul_close(&wt[i], x, n, y[i], yr[i], "multi");
+                cr_expect_eq(memcmp(y[i], ys[i], sizeof(float) * n * rows[i]), 0,
+                             "multi, type %u, n=%d, %d threads: differs from its own call", types[i], n, threads);
+            }
         }
-        for (int i = 0; i < 3; i++) { free(y[i]); free(yr[i]); }
+        for (int i = 0; i < 3; i++) { free(y[i]); free(yr[i]); free(ys[i]); }
         free(x);
     }
     omp_set_num_threads(saved);
     ops_threads_adaptive(1);
     for (int i = 0; i < 3; i++) free(q[i]);
+}
+
+Test(ops, matmul_multi)
+{
+    check_multi((const uint32_t[3]){ GGUF_TYPE_Q4_1, GGUF_TYPE_Q8_0, GGUF_TYPE_F16 }, 576, 500);
+}
+
+Test(ops, matmul_multi_k_types)
+{
+    check_multi((const uint32_t[3]){ GGUF_TYPE_Q4_K, GGUF_TYPE_Q8_0, GGUF_TYPE_Q6_K }, 768, 600);
 }
 
 /* Attention scores and accumulation, contiguous and gathered, against their twins: 1e-6 of

@@ -3,6 +3,7 @@
 #include "ops.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base.h"
@@ -12,14 +13,15 @@
 /* Below this many multiply-adds a call stays on one thread. */
 #define MM_PARALLEL_MIN 32768
 
-/* Threads: one parallel region per call, no barrier inside it. The rows are cut into
- * MM_PARTS_PER_THREAD parts a thread of equal cost (bytes for decode, multiply-adds for
- * prefill), and each thread takes the next part left until none is: a thread that a neighbour
- * on the machine slows down takes fewer parts, where an even split of the rows would leave the
- * others waiting for it at the region's end (a 2-thread decode step of the 1.5B model waited
- * about a tenth of its matmul time so). Parts stay large enough to stream: at least
- * MM_PART_MIN units each. In prefill each part quantizes its token tiles of x again (quant.c):
- * 4% of the samples in a 2,269-token prefill of that model. */
+/* Threads: one parallel region per call. The rows are cut into MM_PARTS_PER_THREAD parts a
+ * thread of equal cost (bytes for decode, multiply-adds for prefill), and each thread takes the
+ * next part left until none is: a thread that a neighbour on the machine slows down takes fewer
+ * parts, where an even split of the rows would leave the others waiting for it at the region's
+ * end (a 2-thread decode step of the 1.5B model waited about a tenth of its matmul time so).
+ * Parts stay large enough to stream: at least MM_PART_MIN units each. In prefill of the K types
+ * the threads first round x to int8 together, a share of the tokens each, then meet at the
+ * region's one barrier; where each part rounded all of x again, that was 4% of the samples in a
+ * 2,269-token prefill of that model. */
 #define MM_PARTS_PER_THREAD 8
 #define MM_PART_MIN 65536.0
 
@@ -146,6 +148,7 @@ typedef struct mm_call {
     const float *x;
     int parts;   /* the rows cut into this many parts of equal cost */
     int next;    /* the next part no thread has taken (atomic) */
+    xq8 *all;    /* prefill: x rounded once for every part (quant_wants_xq8), or NULL */
 } mm_call;
 
 /* One thread's share of a call: parts taken in turn until none is left. */
@@ -156,6 +159,7 @@ static void mm_thread(mm_call *c)
     uint8_t scratch[quant_scratch_bytes(cols, c->n)];
     quant_x q;
     quant_prepare(&q, c->x, cols, c->n, scratch);
+    q.all = c->all;
     for (int k; (k = __atomic_fetch_add(&c->next, 1, __ATOMIC_RELAXED)) < c->parts;) {
         int wa, wb;
         int64_t ra, rb;
@@ -168,15 +172,33 @@ static void mm_thread(mm_call *c)
     }
 }
 
+/* Tokens [n i / m, n (i + 1) / m) of x rounded into c->all: thread i of m's share. */
+static void mm_round_x(mm_call *c, int i, int m)
+{
+    quant_xq8_fill(c->all, c->x, (int)((int64_t)c->n * i / m), (int)((int64_t)c->n * (i + 1) / m), 0);
+}
+
 void ops_matmul_multi(float *const *y, const weight *const *w, int count, const float *x, int n)
 {
     if (count < 1) return;
-    mm_call c = { y, w, count, n, x, 1, 0 };
+    mm_call c = { y, w, count, n, x, 1, 0, NULL };
+    /* x as int8 for all parts; without the memory each part rounds its own (quant.c) */
+    int round_x = 0;
+    for (int i = 0; i < count; i++) round_x |= quant_wants_xq8(w[i], n);
+    const size_t xbytes = round_x ? (quant_xq8_bytes(w[0]->cols, n) + 63) & ~(size_t)63 : 0;
+    void *xbuf = round_x ? aligned_alloc(64, xbytes) : NULL;
+    xq8 all;
+    if (xbuf) {
+        quant_xq8_layout(&all, w[0]->cols, n, xbuf);
+        c.all = &all;
+    }
     double work = 0;
     for (int i = 0; i < count; i++) work += (double)w[i]->rows * (double)w[0]->cols * n;
     const int nt = work > MM_PARALLEL_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (nt == 1) {
+        if (c.all) mm_round_x(&c, 0, 1);
         mm_thread(&c);
+        free(xbuf);
         return;
     }
     /* work in the unit the policy compares: weight bytes (decode) or multiply-adds (prefill) */
@@ -191,11 +213,19 @@ void ops_matmul_multi(float *const *y, const weight *const *w, int count, const 
         const double most = units / MM_PART_MIN;
         c.parts = most < nt ? nt : most < nt * MM_PARTS_PER_THREAD ? (int)most : nt * MM_PARTS_PER_THREAD;
 #pragma omp parallel num_threads(nt)
-        mm_thread(&c);
+        {
+            if (c.all) {
+                mm_round_x(&c, omp_get_thread_num(), omp_get_num_threads());
+#pragma omp barrier
+            }
+            mm_thread(&c);
+        }
     } else {
+        if (c.all) mm_round_x(&c, 0, 1);
         mm_thread(&c);
     }
     sched_note(k, par, (fasa_now() - t0) / units);
+    free(xbuf);
 }
 
 void ops_matmul(float *y, const weight *w, const float *x, int n)

@@ -198,9 +198,9 @@ size_t quant_xq8_bytes(int64_t cols, int n)
     return ALIGN64(v) + ALIGN64(qp) + ALIGN64(v / 256 * 4) + ALIGN64(v / 16 * 2) + ALIGN64(v / 32 * 2);
 }
 
-void quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref)
+void quant_xq8_layout(xq8 *o, int64_t cols, int n, void *buf)
 {
-    const size_t v = (size_t)cols * n, nb = v / 256;
+    const size_t v = (size_t)cols * n;
     uint8_t *p = buf;
     int8_t *q = (int8_t *)p, *qp = NULL;
     p += ALIGN64(v);
@@ -209,15 +209,31 @@ void quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref)
     p += ALIGN64(v);
 #endif
     float *d = (float *)p;
-    p += ALIGN64(nb * 4);
+    p += ALIGN64(v / 256 * 4);
     int16_t *s16 = (int16_t *)p;
     p += ALIGN64(v / 16 * 2);
-    int16_t *s32 = (int16_t *)p;
+    *o = (xq8){ q, qp, d, s16, (int16_t *)p, cols };
+}
+
+xq8 quant_xq8_at(const xq8 *x, int t)
+{
+    const int64_t c = x->cols;
+    return (xq8){ x->q + (size_t)t * c, x->qp ? x->qp + (size_t)t * c : NULL, x->d + (size_t)t * (c / 256),
+                  x->s16 + (size_t)t * (c / 16), x->s32 + (size_t)t * (c / 32), c };
+}
+
+void quant_xq8_fill(const xq8 *o, const float *x, int t0, int t1, int ref)
+{
+    const xq8 at = quant_xq8_at(o, t0);
+    const size_t v = (size_t)o->cols * (t1 - t0), nb = v / 256;
+    int8_t *q = (int8_t *)at.q, *qp = (int8_t *)at.qp;
+    int16_t *s16 = (int16_t *)at.s16, *s32 = (int16_t *)at.s32;
+    x += (size_t)t0 * o->cols;
 #ifdef OPS_AVX2
-    if (!ref) xq8_fast(q, d, s16, x, (int64_t)nb);
+    if (!ref) xq8_fast(q, (float *)at.d, s16, x, (int64_t)nb);
     else
 #endif
-        xq8_ref(q, d, s16, x, (int64_t)nb);
+        xq8_ref(q, (float *)at.d, s16, x, (int64_t)nb);
     for (size_t j = 0; j < v / 32; j++) s32[j] = (int16_t)(s16[2 * j] + s16[2 * j + 1]);
     if (qp)
         for (size_t k = 0; k < v; k += 128) {
@@ -226,7 +242,12 @@ void quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref)
             memcpy(qp + k + 64, q + k + 32, 32);
             memcpy(qp + k + 96, q + k + 96, 32);
         }
-    *o = (xq8){ q, qp, d, s16, s32, cols };
+}
+
+void quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref)
+{
+    quant_xq8_layout(o, cols, n, buf);
+    quant_xq8_fill(o, x, 0, n, ref);
 }
 
 /* ---- scalar twins of the integer kernels ------------------------------------------------------
@@ -1489,7 +1510,8 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
     for (int t0 = 0; t0 < n; t0 += tile) {
         const int len = n - t0 < tile ? n - t0 : tile;
         xq8 x;
-        quant_xq8(&x, q->x + (size_t)t0 * cols, cols, len, q->buf, 0);
+        if (q->all) x = quant_xq8_at(q->all, t0);
+        else quant_xq8(&x, q->x + (size_t)t0 * cols, cols, len, q->buf, 0);
         /* without AVX-512: four rows unpacked after x, then each group of 4 tokens over them */
         uint8_t *u = q->buf + ALIGN64(quant_xq8_bytes(cols, tile));
         const size_t ub = (size_t)(cols / 256) * KU_BLOCK;
@@ -1502,8 +1524,7 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
                 for (int i = 0; i < nr; i++) k->unpack(ws[i], u + ub * i, cols / 256);
             for (int t = 0; t < len; t += tt) {
                 const int T = len - t < tt ? len - t : tt;
-                const xq8 xt = { x.q + (size_t)t * cols, x.qp ? x.qp + (size_t)t * cols : NULL, x.d + t * (cols / 256),
-                                 x.s16 + t * (cols / 16), x.s32 + t * (cols / 32), cols };
+                const xq8 xt = quant_xq8_at(&x, t);
                 float *yt = y + (size_t)(t0 + t) * rows + r;
                 if (k->utile)
                     for (int i = 0; i < nr; i++) k->utile(yt + i, (size_t)rows, u + ub * i, &xt, T, cols);
@@ -1595,6 +1616,16 @@ void quant_prepare(quant_x *q, const float *x, int64_t cols, int n, void *scratc
 
 /* ops_exact: every product in f32 over dequantised rows (no rounding of x) */
 static int exact;
+
+int quant_wants_xq8(const weight *w, int n)
+{
+#ifdef OPS_AVX2
+    const quant_kernels *k = quant_kernels_of(w->type);
+    return n > 1 && k && k->tile && !__atomic_load_n(&exact, __ATOMIC_RELAXED);
+#else
+    return 0;
+#endif
+}
 
 void ops_exact(int on)
 {

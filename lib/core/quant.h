@@ -77,6 +77,12 @@ const quant_kernels *quant_kernels_of(uint32_t type);
 void   quant_xq16(xq16 *o, const float *x, int64_t cols, void *buf, int ref);
 size_t quant_xq8_bytes(int64_t cols, int n);
 void   quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref);
+/* The same in two steps, so that threads can each round some of the tokens into one buffer:
+ * the layout of n tokens at buf, then tokens [t0, t1) of x (n tokens of cols) rounded into it. */
+void   quant_xq8_layout(xq8 *o, int64_t cols, int n, void *buf);
+void   quant_xq8_fill(const xq8 *o, const float *x, int t0, int t1, int ref);
+/* x from token t on. */
+xq8    quant_xq8_at(const xq8 *x, int t);
 
 /* Per-thread state of one product. */
 typedef struct quant_x {
@@ -87,6 +93,7 @@ typedef struct quant_x {
     int have16, have8;      /* decode: x16 / x8 prepared (lazily, per form) */
     xq16 x16;
     xq8 x8;
+    const xq8 *all;         /* prefill: all n tokens already rounded (quant_wants_xq8), or NULL */
 } quant_x;
 
 /* Products and cost balancing split rows at multiples of this. */
@@ -95,6 +102,9 @@ typedef struct quant_x {
 /* Bytes of per-thread scratch a product of n tokens over cols columns needs. */
 size_t quant_scratch_bytes(int64_t cols, int n);
 void   quant_prepare(quant_x *q, const float *x, int64_t cols, int n, void *scratch);
+/* 1 if the rows of w read n > 1 tokens of x as xq8: the caller may round x once for all its
+ * threads and pass it in quant_x.all, where each would otherwise round it again per call. */
+int    quant_wants_xq8(const weight *w, int n);
 /* Rows [r0, r1) of y = x W^T (n tokens), on the calling thread. */
 void   quant_rows(float *y, const weight *w, int64_t r0, int64_t r1, quant_x *q);
 
