@@ -215,13 +215,6 @@ void quant_xq8_layout(xq8 *o, int64_t cols, int n, void *buf)
     *o = (xq8){ q, qp, d, s16, (int16_t *)p, cols };
 }
 
-xq8 quant_xq8_at(const xq8 *x, int t)
-{
-    const int64_t c = x->cols;
-    return (xq8){ x->q + (size_t)t * c, x->qp ? x->qp + (size_t)t * c : NULL, x->d + (size_t)t * (c / 256),
-                  x->s16 + (size_t)t * (c / 16), x->s32 + (size_t)t * (c / 32), c };
-}
-
 void quant_xq8_fill(const xq8 *o, const float *x, int t0, int t1, int ref)
 {
     const xq8 at = quant_xq8_at(o, t0);

@@ -4,7 +4,8 @@
  * One table row per weight type (quant_kernels_of), in the manner of ggml's CPU type traits:
  * the block, the form x must take for the integer kernels, the decode row-dot (4 rows and 1), the
  * prefill tile, the fast row dequantiser. Each thread prepares its scratch once per product: x
- * rounded for the integer decode kernels, or per tile of tokens in prefill. */
+ * rounded for the integer decode kernels, or the dequantised or unpacked rows of prefill; the K
+ * types' prefill reads x rounded once for all threads (matmul.c, quant_x.all). */
 #ifndef FASA_QUANT_H
 #define FASA_QUANT_H
 
@@ -82,7 +83,12 @@ void   quant_xq8(xq8 *o, const float *x, int64_t cols, int n, void *buf, int ref
 void   quant_xq8_layout(xq8 *o, int64_t cols, int n, void *buf);
 void   quant_xq8_fill(const xq8 *o, const float *x, int t0, int t1, int ref);
 /* x from token t on. */
-xq8    quant_xq8_at(const xq8 *x, int t);
+static inline xq8 quant_xq8_at(const xq8 *x, int t)
+{
+    const int64_t c = x->cols;
+    return (xq8){ x->q + (size_t)t * c, x->qp ? x->qp + (size_t)t * c : NULL, x->d + (size_t)t * (c / 256),
+                  x->s16 + (size_t)t * (c / 16), x->s32 + (size_t)t * (c / 32), c };
+}
 
 /* Per-thread state of one product. */
 typedef struct quant_x {
