@@ -17,7 +17,8 @@ static const char usage_text[] =
     "\n"
     "Generates text. MODEL is a GGUF file, a Hugging Face directory or a .safetensors file;\n"
     "without it the default model installed by setup is used. PROMPT '-' (or none) reads stdin.\n"
-    "Tokens stream to stdout; speed figures go to stderr.\n"
+    "Tokens stream to stdout; speed figures go to stderr, and on a terminal the prefill's\n"
+    "progress.\n"
     "\n"
     "  -m, --model PATH      model (instead of the first argument)\n"
     "      --mode MODE       attention: full; fasa-c (FASA over the whole cache); or fasa-m (only\n"
@@ -166,6 +167,34 @@ static void print_json(const textbuf *text, const int32_t *gen, int n_gen, const
 }
 
 /* Status of a library failure: usage errors (FASA_EARG) exit 2, the rest 1. */
+/* A long prefill on a terminal: one line on stderr, rewritten at most twice a second and cleared
+ * at the end. The time left weighs each token by its multiply-adds: the weights', and attention's,
+ * which grow with its position (a third of the work at 16k on a 1.5B model). */
+typedef struct prefill_clock { const model *m; int n_past, width; double t0, last; } prefill_clock;
+
+static double prefill_work(const prefill_clock *pc, int done)
+{
+    const model_config *c = &pc->m->cfg;
+    const double t = done, p = pc->n_past;
+    return (double)pc->m->n_params * t + (double)c->n_layer * c->n_head * c->d_head * ((p + t) * (p + t) - p * p);
+}
+
+static void prefill_progress(void *ctx, int done, int total)
+{
+    prefill_clock *pc = ctx;
+    const double now = fasa_now(), el = now - pc->t0;
+    if (done == total) {
+        if (pc->width) fprintf(stderr, "\r%*s\r", pc->width, "");
+        return;
+    }
+    if (now - pc->last < 0.5) return;
+    pc->last = now;
+    const double w = prefill_work(pc, done), left = el * (prefill_work(pc, total) - w) / w;
+    const int len = fprintf(stderr, "\rfasa: prefill %d/%d tokens, %.0f s, about %.0f s left", done, total, el, left);
+    if (len > pc->width) pc->width = len;
+    else fprintf(stderr, "%*s", pc->width - len, "");
+}
+
 static int fail(int rc, const char *err)
 {
     return rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
@@ -331,7 +360,13 @@ int cmd_run(int argc, char **argv)
     if (!(gen = malloc(sizeof *gen * (n_predict + 1)))) { die("out of memory"); goto out; }
 
     t0 = fasa_now();
-    if (session_prefill(ss, ids, n_prompt, all, err) < 0) { die("%s", err); goto out; }
+    prefill_clock pc = { m, ss->s->n_past, 0, t0, t0 };
+    if (isatty(2)) ss->o.progress = prefill_progress, ss->o.progress_ctx = &pc;
+    if (session_prefill(ss, ids, n_prompt, all, err) < 0) {
+        if (pc.width) fprintf(stderr, "\n");   /* the error on a line of its own */
+        die("%s", err);
+        goto out;
+    }
     const double t_prefill = fasa_now() - t0;
     if (dump && write_file_atomic(dump, all, sizeof(float) * n_prompt * V)) goto out;
 

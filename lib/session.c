@@ -350,8 +350,14 @@ int session_prefill(session *ss, const int32_t *ids, int n, float *all_logits, c
     run_state *s = ss->s;
     if (s->n_past + n > s->n_ctx)
         return fasa_error(err, FASA_EARG, "%d tokens do not fit the context (%d of %d used)", n, s->n_past, s->n_ctx);
-    const int rc = model_prefill(ss->m, s, ids, n, all_logits, err);
-    if (rc < 0) return rc;
+    const int step = ss->o.progress ? s->n_batch : n;
+    for (int i = 0; i < n; i += step) {
+        const int k = n - i < step ? n - i : step;
+        float *al = all_logits ? all_logits + (size_t)i * ss->m->cfg.n_vocab : NULL;
+        const int rc = model_prefill(ss->m, s, ids + i, k, al, err);
+        if (rc < 0) return rc;
+        if (ss->o.progress) ss->o.progress(ss->o.progress_ctx, i + k, n);
+    }
     s->sparse_from = s->n_past;
     /* the device takes the decode steps' attention; prefill stayed on the CPU */
     if (ss->cuda) s->attend_hook = cuda_attend, s->attend_ctx = ss->cuda;

@@ -91,6 +91,9 @@ typedef struct session_opts {
     int n_ctx;                 /* tokens the cache holds (required) */
     int n_batch;               /* prefill batch (64) */
     enum fasa_device device;   /* CUDA: the decode steps' attention on device 0 */
+    /* session_prefill calls this after each batch with the tokens done of its n (NULL: none) */
+    void (*progress)(void *ctx, int done, int total);
+    void *progress_ctx;
 } session_opts;
 
 typedef struct session {
@@ -131,7 +134,8 @@ int  session_open(session **out, model *m, const char *model_path, const session
 void session_close(session *ss);
 
 /* Runs n tokens densely (prefill: queries before the end of a prefill never attend sparsely);
- * all_logits: (n, n_vocab) floats for every position's logits, or NULL. */
+ * all_logits: (n, n_vocab) floats for every position's logits, or NULL. With o.progress, batch
+ * by batch (the same batches, so the same results), reporting after each. */
 int session_prefill(session *ss, const int32_t *ids, int n, float *all_logits, char *err);
 /* One decode step on token id; its logits are then session_logits(ss). */
 int session_step(session *ss, int32_t id, char *err);

@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "forward.h"
 #include "model.h"
+#include "session.h"
 
 #define N_TOK 40
 
@@ -175,6 +176,52 @@ Test(model, long_prefill_by_key_tiles_matches_reference, .timeout = 120)
     cr_expect_lt(d_ref, 1e-5, "tiled prefill vs reference: %g", d_ref);
     cr_expect_lt(d_one, 1e-5, "tiled prefill vs one token at a time: %g", d_one);
     free(ids), free(ref), free(batched), free(one);
+    tiny_free(&t);
+    tmpdir_remove(dir);
+}
+
+/* session_prefill with a progress callback runs the same batches one by one: every position's
+ * logits are bit for bit those of one call, and the callback sees each batch's end. */
+typedef struct progress_log { int calls, last, total, bad; } progress_log;
+
+static void log_progress(void *ctx, int done, int total)
+{
+    progress_log *l = ctx;
+    l->bad += done <= l->last || done > total || (l->total && total != l->total);
+    l->calls++, l->last = done, l->total = total;
+}
+
+Test(model, prefill_progress_same_logits)
+{
+    enum { N = 100, BATCH = 16 };
+    tiny_model t;
+    tiny_make(&t, &(tiny_spec){ .arch = TINY_QWEN2, .seed = 13, .n_layer = 2 });
+    char *dir = tmpdir_make(), path[600], err[FASA_ERRLEN];
+    snprintf(path, sizeof path, "%s/p.gguf", dir);
+    cr_assert_eq(tiny_write_gguf(&t, path, GGUF_TYPE_F32), 0);
+    model *m;
+    cr_assert_eq(model_open(&m, path, err), 0, "%s", err);
+    int32_t ids[N];
+    ids_for(ids, N, t.s.n_vocab);
+    const size_t V = (size_t)m->cfg.n_vocab;
+    float *logits[2];
+    progress_log log = { 0 };
+    for (int with = 0; with < 2; with++) {
+        session_opts o = session_defaults();
+        o.mode = FASA_MODE_FULL, o.n_ctx = N + 8, o.n_batch = BATCH;
+        if (with) o.progress = log_progress, o.progress_ctx = &log;
+        session *ss;
+        cr_assert_eq(session_open(&ss, m, path, &o, err), 0, "%s", err);
+        logits[with] = malloc(sizeof(float) * N * V);
+        cr_assert_eq(session_prefill(ss, ids, N, logits[with], err), 0, "%s", err);
+        session_close(ss);
+    }
+    cr_expect_eq(memcmp(logits[0], logits[1], sizeof(float) * N * V), 0, "logits differ with a progress callback");
+    cr_expect_eq(log.calls, (N + BATCH - 1) / BATCH, "%d progress calls", log.calls);
+    cr_expect(log.last == N && log.total == N && !log.bad, "progress ended at %d of %d (%d out of order)", log.last,
+              log.total, log.bad);
+    free(logits[0]), free(logits[1]);
+    model_close(m);
     tiny_free(&t);
     tmpdir_remove(dir);
 }
