@@ -166,7 +166,6 @@ static void print_json(const textbuf *text, const int32_t *gen, int n_gen, const
     cJSON_Delete(o);
 }
 
-/* Status of a library failure: usage errors (FASA_EARG) exit 2, the rest 1. */
 /* A long prefill on a terminal: one line on stderr, rewritten at most twice a second and cleared
  * at the end. The time left weighs each token by its multiply-adds: the weights', and attention's,
  * which grow with its position (a third of the work at 16k on a 1.5B model). */
@@ -195,6 +194,7 @@ static void prefill_progress(void *ctx, int done, int total)
     else fprintf(stderr, "%*s", pc->width - len, "");
 }
 
+/* Status of a library failure: usage errors (FASA_EARG) exit 2, the rest 1. */
 static int fail(int rc, const char *err)
 {
     return rc == FASA_EARG ? die_usage("%s", err) : die("%s", err);
