@@ -175,7 +175,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
     if (o->n_recent >= 0) po->n_recent = o->n_recent;
     po->tip_bits = o->tip == FASA_TIP_Q4 && !o->group ? 4 : 0;
     /* every head scores its group's whole copy: chosen on the calibration text by KL to full
-     * attention (README, "Every head over its group's whole copy"); the same bytes and kernel */
+     * attention (docs/results.md, "Every head over its group's whole copy"); the same bytes and kernel */
     po->tip_union = po->tip_bits == 4;
     po->rerank = o->rerank;
     po->group_rerank = o->group_rerank;

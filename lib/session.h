@@ -36,16 +36,16 @@ enum fasa_mode {
     FASA_MODE_FASA_M,   /* FASA with only the dominant key block in memory, the rest in a cold tier */
 };
 enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
-/* --budget auto: chosen on the calibration text (README, Accuracy) */
+/* --budget auto: chosen on the calibration text (docs/results.md, Accuracy) */
 #define SESSION_AUTO_MASS 0.95f
 #define SESSION_AUTO_MIN 160
 #define SESSION_AUTO_MAX 1024
 #define SESSION_AUTO_RECENT 128
 /* the dense layer (layer 0) attends to 4 times the budget, chosen as the others' tokens are:
- * chosen on the calibration text (README, Accuracy) */
+ * chosen on the calibration text (docs/results.md, Accuracy) */
 #define SESSION_DENSE_BUDGET (-4)
 /* The rows left unchosen join as one estimate (the tail): chosen on the calibration text by KL to
- * full attention, then checked by RULER beside the default without it (README, "The unchosen rows
+ * full attention, then checked by RULER beside the default without it (docs/results.md, "The unchosen rows
  * as one estimate"); since 2026-11-28 */
 #define SESSION_TAIL 1
 

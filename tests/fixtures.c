@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "gguf.h"
 #include "safetensors.h"
@@ -405,4 +406,49 @@ void tmpdir_remove(char *dir)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) { /* best effort */ }
     free(dir);
+}
+
+const char *fx_bin(void)
+{
+    const char *b = getenv("FASA_BIN");
+    return b && *b ? b : "bin/fasa";
+}
+
+int fx_sh(const char *line, char **out, char **err)
+{
+    enum { CAP = 4 << 20 };
+    char *dir = tmpdir_make();
+    size_t len = strlen(line) + 2 * strlen(dir) + 64;
+    char *cmd = malloc(len), p[600];
+    snprintf(cmd, len, "%s >%s/out 2>%s/err </dev/null", line, dir, dir);
+    int st = system(cmd);
+    free(cmd);
+    char **dst[2] = { out, err };
+    const char *names[2] = { "out", "err" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        FILE *f = fopen(p, "rb");
+        char *buf = calloc(1, CAP);
+        if (f) { size_t n = fread(buf, 1, CAP - 1, f); buf[n] = 0; fclose(f); }
+        if (dst[i]) *dst[i] = buf; else free(buf);
+    }
+    tmpdir_remove(dir);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+int fx_fasa(const char *args, char **out, char **err)
+{
+    size_t len = strlen(fx_bin()) + strlen(args) + 2;
+    char *line = malloc(len);
+    snprintf(line, len, "%s %s", fx_bin(), args);
+    int st = fx_sh(line, out, err);
+    free(line);
+    return st;
+}
+
+int fx_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
 }

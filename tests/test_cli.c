@@ -10,72 +10,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "expect_cli.h"
 #include "fixtures.h"
 #include "gguf.h"
-
-static const char *fasa_bin(void)
-{
-    const char *b = getenv("FASA_BIN");
-    return b && *b ? b : "bin/fasa";
-}
-
-/* Runs the shell command cmd, returns the exit status; stdout and stderr into malloc'd strings
- * (NULL: dropped). */
-static int capture(const char *cmd, char **out, char **err)
-{
-    char *dir = tmpdir_make();
-    char full[8192 + 1024];
-    snprintf(full, sizeof full, "%s >%s/out 2>%s/err </dev/null", cmd, dir, dir);
-    int st = system(full);
-    char p[600];
-    char **dst[2] = { out, err };
-    const char *names[2] = { "out", "err" };
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        FILE *f = fopen(p, "rb");
-        char *buf = calloc(1, 1 << 20);
-        if (f) { size_t n = fread(buf, 1, (1 << 20) - 1, f); buf[n] = 0; fclose(f); }
-        if (dst[i]) *dst[i] = buf; else free(buf);
-    }
-    tmpdir_remove(dir);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-/* Runs "fasa <args>" as capture() does. */
-static int fasa(const char *args, char **out, char **err)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s", fasa_bin(), args);
-    return capture(cmd, out, err);
-}
-
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
-static void expect_one_line_error(const char *args, const char *needle)
-{
-    char *out, *err;
-    int rc = fasa(args, &out, &err);
-    cr_expect_neq(rc, 0, "'fasa %s' succeeded", args);
-    cr_expect_lt(rc, 128, "'fasa %s' crashed", args);
-    cr_expect_eq(count_lines(err), 1, "'fasa %s' stderr is not one line: %s", args, err);
-    cr_expect(strncmp(err, "fasa: ", 6) == 0, "'%s'", err);
-    cr_expect(strstr(err, needle) != NULL, "'fasa %s': '%s' lacks '%s'", args, err, needle);
-    free(out);
-    free(err);
-}
 
 Test(cli, usage_and_bad_flags)
 {
     char *out, *err;
-    cr_expect_eq(fasa("", &out, &err), 2);
+    cr_expect_eq(fx_fasa("", &out, &err), 2);
     cr_expect(strstr(err, "usage: fasa") != NULL);
     free(out); free(err);
-    cr_expect_eq(fasa("run --help", &out, &err), 0);
+    cr_expect_eq(fx_fasa("run --help", &out, &err), 0);
     cr_expect(strstr(out, "--mode") != NULL);
     free(out); free(err);
     expect_one_line_error("frobnicate", "'frobnicate' is not a fasa command");
@@ -90,7 +35,7 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");
 }
 
-/* One rule for every command (fasa(1), EXIT STATUS): 2 for a command line that cannot work, 1 for
+/* One rule for every command (fx_fasa(1), EXIT STATUS): 2 for a command line that cannot work, 1 for
  * a valid one that fails, each with one "fasa: " line. None of these reads a model. */
 Test(cli, exit_status_rule)
 {
@@ -126,16 +71,16 @@ Test(cli, exit_status_rule)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out, *err;
-        int rc = fasa(cases[i].args, &out, &err);
+        int rc = fx_fasa(cases[i].args, &out, &err);
         cr_expect_eq(rc, cases[i].rc, "'fasa %s' exited %d, not %d: %s", cases[i].args, rc, cases[i].rc, err);
-        cr_expect_eq(count_lines(err), 1, "'fasa %s' stderr is not one line: %s", cases[i].args, err);
+        cr_expect_eq(fx_lines(err), 1, "'fasa %s' stderr is not one line: %s", cases[i].args, err);
         cr_expect(strncmp(err, "fasa: ", 6) == 0, "'fasa %s': '%s'", cases[i].args, err);
         free(out);
         free(err);
     }
     /* getopt's complaint names the command, then the usage follows */
     char *out, *err;
-    cr_expect_eq(fasa("run --no-such-flag", &out, &err), 2);
+    cr_expect_eq(fx_fasa("run --no-such-flag", &out, &err), 2);
     cr_expect(strncmp(err, "fasa run: unrecognized option", 29) == 0, "%s", err);
     free(out);
     free(err);
@@ -157,7 +102,7 @@ Test(cli, tiny_model_logits_and_atomic_outputs)
     fclose(f);
     char *out, *err;
     snprintf(args, sizeof args, "run %s --ids %s -n 6 --print-ids --kv-type f32 --dump-logits %s", gguf, ids, dump);
-    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     int n = 0;
     for (char *p = out, *end;; p = end, n++) {
         long v = strtol(p, &end, 10);
@@ -180,7 +125,7 @@ Test(cli, tiny_model_logits_and_atomic_outputs)
     free(out); free(err);
     /* the default f16 KV cache: within f16 rounding of the reference, and not f32 in disguise */
     snprintf(args, sizeof args, "run %s --ids %s -n 0 --dump-logits %s", gguf, ids, dump);
-    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(err, "f16 KV") != NULL, "the default KV cache is not f16: %s", err);
     f = fopen(dump, "rb");
     cr_assert_eq(fread(lg, 1, st.st_size, f), (size_t)st.st_size);
@@ -209,7 +154,7 @@ static const char *real_model(void)
     static char path[1024];
     const char *env = getenv("FASA_MODEL");
     if (env && access(env, R_OK) == 0) return env;
-    const char *bin = fasa_bin();
+    const char *bin = fx_bin();
     const char *slash = strrchr(bin, '/');
     snprintf(path, sizeof path, "%.*s/../models/SmolLM2-135M-Instruct.Q4_1.gguf",
              slash ? (int)(slash - bin) : 1, slash ? bin : ".");
@@ -222,7 +167,7 @@ Test(cli, real_model_inspect)
     if (!m) cr_skip_test("real_model_inspect: default model not installed (run scripts/setup.sh)");
     char *out, *err, args[1200];
     snprintf(args, sizeof args, "inspect %s --json", m);
-    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "\"n_layer\":\t30") != NULL, "%s", out);
     cr_expect(strstr(out, "\"n_kv_head\":\t3") != NULL);
     cr_expect(strstr(out, "\"rope_layout\":\t\"interleaved\"") != NULL);
@@ -235,7 +180,7 @@ Test(cli, real_model_chat_answer, .timeout = 300)
     if (!m) cr_skip_test("real_model_chat_answer: default model not installed (run scripts/setup.sh)");
     char *out, *err, args[1200];
     snprintf(args, sizeof args, "run %s -n 40 --temp 0 'What is the capital of France?'", m);
-    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "Paris") != NULL, "greedy answer lacks 'Paris': %s", out);
     free(out); free(err);
 }
@@ -251,7 +196,7 @@ Test(cli, real_model_speed_rows, .timeout = 1800)
     snprintf(args, sizeof args,
              "bench %s --task speed --policy full,fasa-m,default --depths 0,700 --steps 2 --repeats 1 --bandwidth 30 "
              "--json", m);
-    int rc = fasa(args, &out, &err);
+    int rc = fx_fasa(args, &out, &err);
     if (rc != 0 && strstr(err, "profile"))
         cr_skip_test("real_model_speed_rows: no profile for the default model: %s", err);
     cr_assert_eq(rc, 0, "%s", err);
@@ -297,7 +242,7 @@ Test(verify, real_model_logits_vs_transformers, .timeout = 1800)
     if (!m)
         cr_skip_test("verify::real_model_logits_vs_transformers: default model not installed (run scripts/setup.sh)");
     char root[1024];
-    const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
+    const char *bin = fx_bin(), *slash = strrchr(bin, '/');
     snprintf(root, sizeof root, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
     char py[1200], cmd[4096];
     snprintf(py, sizeof py, "%s/.venv/bin/python", root);
@@ -322,7 +267,7 @@ Test(cli, real_model_ruler_rows, .timeout = 1800)
     char *out, *err, args[1200];
     snprintf(args, sizeof args, "bench %s --task ruler --tasks niah_single_1 --context 1024 --policy full,stream "
              "--budget 64 --json", m);
-    int rc = fasa(args, &out, &err);
+    int rc = fx_fasa(args, &out, &err);
     cr_assert_eq(rc, 0, "%s", err);
     cJSON *a = cJSON_Parse(out);
     cr_assert_not_null(a, "%s", out);
@@ -343,7 +288,7 @@ Test(cli, real_model_ruler_rows, .timeout = 1800)
     }
     cJSON_Delete(a);
     free(out); free(err);
-    cr_expect_eq(fasa("bench /nonexistent.gguf --task ruler --tasks nope", &out, &err), 2);
+    cr_expect_eq(fx_fasa("bench /nonexistent.gguf --task ruler --tasks nope", &out, &err), 2);
     free(out); free(err);
 }
 
@@ -363,11 +308,11 @@ Test(cli, real_model_ruler_first_sample, .timeout = 600)
     if (!m) cr_skip_test("real_model_ruler_first_sample: default model not installed (run scripts/setup.sh)");
     char *out, *err, *out2, *err2, args[1200];
     snprintf(args, sizeof args, "bench %s --task ruler --tasks vt --context 1024 --policy full --samples 2 --show", m);
-    cr_assert_eq(fasa(args, &out, &err), 0, "%s", err);
+    cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     snprintf(args, sizeof args,
              "bench %s --task ruler --tasks vt --context 1024 --policy full --first-sample 2 --samples 1 --show"
              " --progress", m);
-    cr_assert_eq(fasa(args, &out2, &err2), 0, "%s", err2);
+    cr_assert_eq(fx_fasa(args, &out2, &err2), 0, "%s", err2);
     char *a1 = shown_answers(err, 1), *a2 = shown_answers(err, 2), *b2 = shown_answers(err2, 2);
     cr_assert(a1 && a2 && b2, "no sample lines in: %s\n%s", err, err2);
     cr_expect_str_eq(b2, a2, "sample 2 differs when run alone");
@@ -406,7 +351,7 @@ Test(cli, plot_ruler_merges_runs)
           "a,full,0,4096,-1,0.000000,,3\nmean,full,0,4096,-1,0.000000,,3\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/b.csv --table", dir, dir);
-    cr_expect_eq(capture(cmd, &out, &err), 0, "%s", err);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 0, "%s", err);
     /* a: (1 + 3 x 0) / 4 over 4 samples; b: 0.5 over the first run's one; the mean over the
      * tasks (0.25 + 0.5) / 2, where the runs' means weighted would give (0.75 + 3 x 0) / 4 */
     cr_expect(strstr(out, "| 4,096 tokens, 1 to 4 samples | full |") != NULL, "%s", out);
@@ -419,8 +364,8 @@ Test(cli, plot_ruler_merges_runs)
     fputs("[1]\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "python3 examples/plot_ruler.py %s/a.json %s/c.json --table", dir, dir);
-    cr_expect_eq(capture(cmd, &out, &err), 1);
-    cr_expect_eq(count_lines(err), 1, "%s", err);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 1);
+    cr_expect_eq(fx_lines(err), 1, "%s", err);
     cr_expect(strstr(err, "c.json") != NULL, "%s", err);
     free(out), free(err);
     tmpdir_remove(dir);

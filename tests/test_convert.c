@@ -617,17 +617,11 @@ Test(convert, failed_convert_leaves_nothing, .timeout = 60)
 
 /* ---------------------------------------------------------------- the command */
 
-static const char *cv_bin(void)
-{
-    const char *b = getenv("FASA_BIN");
-    return b && *b ? b : "bin/fasa";
-}
-
 /* Runs "fasa <args>" with stdout and stderr into files of dir; the exit status. */
 static int cv_fasa(const char *dir, const char *args, char **out, char **err)
 {
     char cmd[8192], p[800];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/stdout 2>%s/stderr </dev/null", cv_bin(), args, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s %s >%s/stdout 2>%s/stderr </dev/null", fx_bin(), args, dir, dir);
     int st = system(cmd);
     size_t n;
     snprintf(p, sizeof p, "%s/stdout", dir);
@@ -725,7 +719,7 @@ static const char *cv_real_model(void)
     static char path[1024];
     const char *env = getenv("FASA_MODEL");
     if (env && access(env, R_OK) == 0) return env;
-    const char *bin = cv_bin(), *slash = strrchr(bin, '/');
+    const char *bin = fx_bin(), *slash = strrchr(bin, '/');
     snprintf(path, sizeof path, "%.*s/../models/SmolLM2-135M-Instruct.Q4_1.gguf", slash ? (int)(slash - bin) : 1,
              slash ? bin : ".");
     return access(path, R_OK) == 0 ? path : NULL;

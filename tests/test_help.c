@@ -11,47 +11,13 @@
 
 #include "fixtures.h"
 
-static const char *fasa_bin(void)
-{
-    const char *b = getenv("FASA_BIN");
-    return b && *b ? b : "bin/fasa";
-}
-
-/* Runs a shell command line, returns its exit status; stdout and stderr into malloc'd strings. */
-static int sh(const char *line, char **out, char **err)
-{
-    char *dir = tmpdir_make();
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s >%s/out 2>%s/err </dev/null", line, dir, dir);
-    int st = system(cmd);
-    char p[600];
-    char **dst[2] = { out, err };
-    const char *names[2] = { "out", "err" };
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        FILE *f = fopen(p, "rb");
-        char *buf = calloc(1, 1 << 20);
-        if (f) { size_t n = fread(buf, 1, (1 << 20) - 1, f); buf[n] = 0; fclose(f); }
-        if (dst[i]) *dst[i] = buf; else free(buf);
-    }
-    tmpdir_remove(dir);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 /* The source tree: the nearest directory above the binary with a Makefile and man/fasa.1
  * (bin/fasa -> .., build-asan/bin/fasa -> ../..). */
 static const char *source_root(void)
 {
     static char root[PATH_MAX];
     char p[PATH_MAX + 32];
-    if (!realpath(fasa_bin(), root)) return NULL;
+    if (!realpath(fx_bin(), root)) return NULL;
     for (int up = 0; up < 4; up++) {
         char *slash = strrchr(root, '/');
         if (!slash || slash == root) return NULL;
@@ -68,8 +34,8 @@ static const char *source_root(void)
 Test(help, run_page_mentions_budget)
 {
     char *out, *err, line[PATH_MAX + 64];
-    snprintf(line, sizeof line, "%s help run", fasa_bin());
-    cr_assert_eq(sh(line, &out, &err), 0, "'fasa help run' failed: %s", err);
+    snprintf(line, sizeof line, "%s help run", fx_bin());
+    cr_assert_eq(fx_sh(line, &out, &err), 0, "'fasa help run' failed: %s", err);
     cr_expect(strstr(out, "--budget") != NULL, "'fasa help run' does not mention --budget:\n%s", out);
     cr_expect(strstr(out, "EXIT STATUS") != NULL || strstr(out, "usage: fasa run") != NULL,
               "neither the manual page nor the --help text:\n%s", out);
@@ -80,13 +46,13 @@ Test(help, run_page_mentions_budget)
 Test(help, falls_back_to_usage_without_man)
 {
     char *out, *err, line[PATH_MAX + 64];
-    snprintf(line, sizeof line, "PATH=/nonexistent %s help bench", fasa_bin());
-    cr_assert_eq(sh(line, &out, &err), 0, "%s", err);
+    snprintf(line, sizeof line, "PATH=/nonexistent %s help bench", fx_bin());
+    cr_assert_eq(fx_sh(line, &out, &err), 0, "%s", err);
     cr_expect(strncmp(out, "usage: fasa bench", 17) == 0, "%s", out);
     cr_expect(strstr(out, "--policy") != NULL);
     free(out); free(err);
-    snprintf(line, sizeof line, "PATH=/nonexistent %s help", fasa_bin());
-    cr_assert_eq(sh(line, &out, &err), 0, "%s", err);
+    snprintf(line, sizeof line, "PATH=/nonexistent %s help", fx_bin());
+    cr_assert_eq(fx_sh(line, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "usage: fasa <command>") != NULL, "%s", out);
     cr_expect(strstr(out, "help") != NULL);
     free(out); free(err);
@@ -95,15 +61,15 @@ Test(help, falls_back_to_usage_without_man)
 Test(help, unknown_command_is_one_line_and_exit_2)
 {
     char *out, *err, line[PATH_MAX + 64];
-    snprintf(line, sizeof line, "%s help nosuch", fasa_bin());
-    cr_expect_eq(sh(line, &out, &err), 2);
-    cr_expect_eq(count_lines(err), 1, "stderr is not one line: %s", err);
+    snprintf(line, sizeof line, "%s help nosuch", fx_bin());
+    cr_expect_eq(fx_sh(line, &out, &err), 2);
+    cr_expect_eq(fx_lines(err), 1, "stderr is not one line: %s", err);
     cr_expect(strstr(err, "fasa: 'nosuch' is not a fasa command") != NULL, "%s", err);
     cr_expect_eq(out[0], 0, "stdout: %s", out);
     free(out); free(err);
-    snprintf(line, sizeof line, "%s help run bench", fasa_bin());
-    cr_expect_eq(sh(line, &out, &err), 2);
-    cr_expect_eq(count_lines(err), 1, "%s", err);
+    snprintf(line, sizeof line, "%s help run bench", fx_bin());
+    cr_expect_eq(fx_sh(line, &out, &err), 2);
+    cr_expect_eq(fx_lines(err), 1, "%s", err);
     free(out); free(err);
 }
 
@@ -111,7 +77,7 @@ Test(help, unknown_command_is_one_line_and_exit_2)
 Test(help, every_command_has_a_page)
 {
     const char *root = source_root();
-    cr_assert(root != NULL, "no source tree above '%s'", fasa_bin());
+    cr_assert(root != NULL, "no source tree above '%s'", fx_bin());
     const char *pages[] = { "fasa", "fasa-inspect", "fasa-run", "fasa-calibrate", "fasa-convert", "fasa-bench" };
     char p[PATH_MAX + 64];
     for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
@@ -125,21 +91,21 @@ Test(help, every_command_has_a_page)
 Test(help, make_install_prefix, .timeout = 120)
 {
     const char *root = source_root();
-    cr_assert(root != NULL, "no source tree above '%s'", fasa_bin());
+    cr_assert(root != NULL, "no source tree above '%s'", fx_bin());
     char *prefix = tmpdir_make();
     char line[3 * PATH_MAX], p[PATH_MAX + 128], *out, *err;
     /* make test's own flags (BUILD, BIN of a sanitizer run) reach this make through MAKEFLAGS;
      * -o all: install what make test built, never relink it under the other tests' feet */
     snprintf(line, sizeof line, "make -s -C %s -o all install PREFIX=%s", root, prefix);
-    cr_assert_eq(sh(line, &out, &err), 0, "make install failed:\n%s\n%s", out, err);
+    cr_assert_eq(fx_sh(line, &out, &err), 0, "make install failed:\n%s\n%s", out, err);
     free(out); free(err);
 
     snprintf(line, sizeof line, "cd / && %s/bin/fasa --help", prefix);
-    cr_expect_eq(sh(line, &out, &err), 0, "%s", err);
+    cr_expect_eq(fx_sh(line, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "usage: fasa") != NULL, "%s", out);
     free(out); free(err);
     snprintf(line, sizeof line, "cd / && %s/bin/fasa help convert", prefix);
-    cr_expect_eq(sh(line, &out, &err), 0, "%s", err);
+    cr_expect_eq(fx_sh(line, &out, &err), 0, "%s", err);
     cr_expect(strstr(out, "--bundle") != NULL, "%s", out);
     free(out); free(err);
 
@@ -160,7 +126,7 @@ Test(help, make_install_prefix, .timeout = 120)
     cr_expect(strstr(pc, "-lfasa") != NULL && strstr(pc, "-lcjson") != NULL, "%s", pc);
 
     snprintf(line, sizeof line, "make -s -C %s uninstall PREFIX=%s", root, prefix);
-    cr_expect_eq(sh(line, &out, &err), 0, "make uninstall failed:\n%s\n%s", out, err);
+    cr_expect_eq(fx_sh(line, &out, &err), 0, "make uninstall failed:\n%s\n%s", out, err);
     free(out); free(err);
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(p, sizeof p, "%s/%s", prefix, files[i]);

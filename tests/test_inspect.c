@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "export.h"
+#include "expect_cli.h"
 #include "fixtures.h"
 #include "safetensors.h"
 #include "heatmap.h"
@@ -24,52 +25,6 @@
 #include <stb/stb_image.h>
 
 /* ---------------------------------------------------------------- helpers */
-
-static const char *insp_bin(void)
-{
-    const char *b = getenv("FASA_BIN");
-    return b && *b ? b : "bin/fasa";
-}
-
-/* Runs "fasa <args>"; returns the exit status, stdout and stderr in malloc'd strings. */
-static int insp_run(const char *args, char **out, char **err)
-{
-    char *dir = tmpdir_make();
-    char cmd[8192], p[600];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", insp_bin(), args, dir, dir);
-    int st = system(cmd);
-    char **dst[2] = { out, err };
-    const char *names[2] = { "out", "err" };
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        FILE *f = fopen(p, "rb");
-        char *buf = calloc(1, 4 << 20);
-        if (f) { size_t n = fread(buf, 1, (4 << 20) - 1, f); buf[n] = 0; fclose(f); }
-        if (dst[i]) *dst[i] = buf; else free(buf);
-    }
-    tmpdir_remove(dir);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-static int insp_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
-static void insp_expect_error(const char *args, const char *needle)
-{
-    char *out, *err;
-    int rc = insp_run(args, &out, &err);
-    cr_expect_neq(rc, 0, "'fasa %s' succeeded", args);
-    cr_expect_lt(rc, 128, "'fasa %s' crashed", args);
-    cr_expect_eq(insp_lines(err), 1, "'fasa %s' stderr is not one line: %s", args, err);
-    cr_expect(strncmp(err, "fasa: ", 6) == 0, "'%s'", err);
-    cr_expect(strstr(err, needle) != NULL, "'fasa %s': '%s' lacks '%s'", args, err, needle);
-    free(out);
-    free(err);
-}
 
 static char *insp_slurp(const char *path, size_t *len)
 {
@@ -326,15 +281,15 @@ Test(inspect, sglang_ds_export)
     snprintf(out, sizeof out, "%s/channels.json", dir);
     char *so, *se;
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s", path, out);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     for (int C = 2; C <= p.d_head; C += 2) insp_check_sglang(&p, out, "qk", C);
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s --type q", path, out);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     insp_check_sglang(&p, out, "q", 4);
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s --type k", path, out);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cr_expect(strstr(se, "n_head == n_kv_head") != NULL, "no GQA note: %s", se);
     free(so), free(se);
     for (int C = 2; C <= p.d_head; C += 2) insp_check_sglang(&p, out, "k", C);
@@ -349,7 +304,7 @@ Test(inspect, sglang_ds_export)
     insp_make(&a, CHUNKS_ADJACENT, 3, 16);
     insp_save(&a, dir, "a.json", path, sizeof path);
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s", path, out);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     insp_check_sglang(&a, out, "qk", 6);
     profile_free(&a);
@@ -366,7 +321,7 @@ Test(inspect, json_dims_export)
     snprintf(out, sizeof out, "%s/dims.json", dir);
     snprintf(args, sizeof args, "inspect %s --export json-dims -o %s --fcs 3", path, out);
     char *so, *se;
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     cJSON *o = insp_load_json(out);
     cr_expect_eq(cJSON_GetObjectItem(o, "d_head")->valueint, 16);
@@ -413,14 +368,14 @@ Test(inspect, summary_text_json_and_csv)
     insp_save(&p, dir, "p.json", path, sizeof path);
     char *so, *se;
     snprintf(args, sizeof args, "inspect %s", path);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cr_expect(strstr(so, "K=8, F=2") != NULL, "%s", so);
     cr_expect(strstr(so, "most common top chunks") != NULL, "%s", so);
     free(so), free(se);
     /* --json at another K: the same facts as export_summarize */
     snprintf(csv, sizeof csv, "%s/ca.csv", dir);
     snprintf(args, sizeof args, "inspect %s --json --k 16 --fcs 3 --csv %s", path, csv);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cJSON *o = cJSON_Parse(so);
     cr_assert(o, "not JSON: %s", so);
     cr_expect_eq(cJSON_GetObjectItem(o, "k")->valueint, 16);
@@ -444,7 +399,7 @@ Test(inspect, summary_text_json_and_csv)
     char *text = insp_slurp(csv, NULL);
     cr_assert(text);
     cr_expect(!strncmp(text, "k,layer,head,chunk,ca,rank\n", 27));
-    cr_expect_eq(insp_lines(text), 1 + p.n_k * p.n_layer * p.n_head * p.n_chunk, "%d lines", insp_lines(text));
+    cr_expect_eq(fx_lines(text), 1 + p.n_k * p.n_layer * p.n_head * p.n_chunk, "%d lines", fx_lines(text));
     int k, l, h, c, rank, rank_sum = 0, rows = 0;
     double ca;
     for (char *line = strchr(text, '\n') + 1; *line; line = strchr(line, '\n') + 1, rows++) {
@@ -470,7 +425,7 @@ Test(inspect, heatmap_png)
     snprintf(png, sizeof png, "%s/ca.png", dir);
     snprintf(args, sizeof args, "inspect %s --heatmap %s --k 4 --marks", path, png);
     char *so, *se;
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     size_t len;
     unsigned char *b = (unsigned char *)insp_slurp(png, &len);
@@ -514,7 +469,7 @@ Test(inspect, compare_through_the_binary)
     insp_save(&other, dir, "other.json", po, sizeof po);
     char *so, *se;
     snprintf(args, sizeof args, "inspect %s --compare %s --json", pa, pa);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cJSON *o = cJSON_Parse(so);
     cr_assert(o);
     const cJSON *f;
@@ -523,7 +478,7 @@ Test(inspect, compare_through_the_binary)
     cJSON_Delete(o);
     free(so), free(se);
     snprintf(args, sizeof args, "inspect %s --compare %s --json", pa, pb);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     o = cJSON_Parse(so);
     cr_assert(o);
     int n = 0;
@@ -536,13 +491,13 @@ Test(inspect, compare_through_the_binary)
     cJSON_Delete(o);
     free(so), free(se);
     snprintf(args, sizeof args, "inspect %s --compare %s", pa, pb);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cr_expect(strstr(so, "compare") && strstr(so, "F=1"), "%s", so);
     free(so), free(se);
     /* other dims: an error, and the CSV asked for in the same call is not written */
     snprintf(csv, sizeof csv, "%s/ca.csv", dir);
     snprintf(args, sizeof args, "inspect %s --compare %s --csv %s", pa, po, csv);
-    insp_expect_error(args, "other.json");
+    expect_one_line_error(args, "other.json");
     cr_expect_neq(access(csv, F_OK), 0, "a CSV was written although the command failed");
     profile_free(&a), profile_free(&b), profile_free(&other);
     tmpdir_remove(dir);
@@ -578,54 +533,54 @@ Test(inspect, bad_profiles)
     fclose(f);
     free(t);
     snprintf(args, sizeof args, "inspect %s", bad);
-    insp_expect_error(args, "not valid JSON");
+    expect_one_line_error(args, "not valid JSON");
     /* a truncated file without the .json name is still recognised by its first byte */
     snprintf(out, sizeof out, "%s/truncated.profile", dir);
     cr_assert_eq(rename(bad, out), 0);
     snprintf(args, sizeof args, "inspect %s", out);
-    insp_expect_error(args, "truncated.profile");
+    expect_one_line_error(args, "truncated.profile");
     /* wrong version */
     snprintf(bad, sizeof bad, "%s/version.json", dir);
     insp_write_edited(path, bad, "\"version\"", "1", "7");
     snprintf(args, sizeof args, "inspect %s", bad);
-    insp_expect_error(args, "version 7");
+    expect_one_line_error(args, "version 7");
     /* NaN is not JSON; a CA above 1 is out of range */
     snprintf(bad, sizeof bad, "%s/nan.json", dir);
     insp_write_edited(path, bad, "\"ca\"", "0.", "NaN, 0.");
     snprintf(args, sizeof args, "inspect %s", bad);
-    insp_expect_error(args, "nan.json");
+    expect_one_line_error(args, "nan.json");
     snprintf(bad, sizeof bad, "%s/range.json", dir);
     insp_write_edited(path, bad, "\"ca\"", "0.", "1.5, 0.");
     snprintf(args, sizeof args, "inspect %s", bad);
-    insp_expect_error(args, "chunks");   /* 9 values in an 8-chunk row */
+    expect_one_line_error(args, "chunks");   /* 9 values in an 8-chunk row */
     insp_write_edited(path, bad, "\"ca\"", "0.", "1");   /* "0.xxxxxx" -> "1xxxxxx": > 1 */
-    insp_expect_error(args, "not a number in [0, 1]");
+    expect_one_line_error(args, "not a number in [0, 1]");
     /* a rank that is not a permutation */
     snprintf(bad, sizeof bad, "%s/rank.json", dir);
     insp_write_edited(path, bad, "\"rank\"", "[[[", "[[[0,");
     snprintf(args, sizeof args, "inspect %s", bad);
-    insp_expect_error(args, "rank.json");
+    expect_one_line_error(args, "rank.json");
     /* options */
     snprintf(args, sizeof args, "inspect %s --k 5", path);
-    insp_expect_error(args, "has no K=5 (it has 4, 8, 16)");
+    expect_one_line_error(args, "has no K=5 (it has 4, 8, 16)");
     snprintf(args, sizeof args, "inspect %s --fcs 9", path);
-    insp_expect_error(args, "--fcs");
+    expect_one_line_error(args, "--fcs");
     snprintf(args, sizeof args, "inspect %s --export sglang-ds", path);
-    insp_expect_error(args, "needs '-o FILE'");
+    expect_one_line_error(args, "needs '-o FILE'");
     snprintf(args, sizeof args, "inspect %s --export vllm -o %s/x.json", path, dir);
-    insp_expect_error(args, "unknown export 'vllm'");
+    expect_one_line_error(args, "unknown export 'vllm'");
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s/x.json --type v", path, dir);
-    insp_expect_error(args, "--type");
+    expect_one_line_error(args, "--type");
     snprintf(args, sizeof args, "inspect %s --export json-dims -o %s/no/such/dir/x.json", path, dir);
-    insp_expect_error(args, "cannot create");
+    expect_one_line_error(args, "cannot create");
     snprintf(args, sizeof args, "inspect %s --heatmap %s/no/such/dir/x.png", path, dir);
-    insp_expect_error(args, "cannot create");
+    expect_one_line_error(args, "cannot create");
     snprintf(args, sizeof args, "inspect %s --tensors", path);
-    insp_expect_error(args, "'--tensors' applies to models");
-    insp_expect_error("inspect /nonexistent/p.json", "cannot open '/nonexistent/p.json'");
-    insp_expect_error("inspect /nonexistent/m.gguf --k 64", "'--k' applies to calibration profiles");
+    expect_one_line_error(args, "'--tensors' applies to models");
+    expect_one_line_error("inspect /nonexistent/p.json", "cannot open '/nonexistent/p.json'");
+    expect_one_line_error("inspect /nonexistent/m.gguf --k 64", "'--k' applies to calibration profiles");
     snprintf(args, sizeof args, "inspect %s --compare /nonexistent/q.json", path);
-    insp_expect_error(args, "cannot open '/nonexistent/q.json'");
+    expect_one_line_error(args, "cannot open '/nonexistent/q.json'");
     cr_expect_eq(insp_count_files(dir, ".tmp."), 0, "temp files left behind");
     cr_expect_eq(insp_count_files(dir, "x.json"), 0);
     profile_free(&p);
@@ -661,7 +616,7 @@ Test(inspect, real_profile, .timeout = 120)
     char *so, *se;
     snprintf(args, sizeof args, "inspect %s --export sglang-ds -o %s --heatmap %s --compare %s --json", rp, out, png,
              rp);
-    cr_assert_eq(insp_run(args, &so, &se), 0, "%s", se);
+    cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     cJSON *o = cJSON_Parse(so);
     cr_assert(o, "not JSON");
     cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "layers")), p.n_layer);
@@ -697,13 +652,13 @@ Test(inspect, lone_safetensors_lists_tensors)
     st_writer_free(w);
     char *out, *er;
     snprintf(args, sizeof args, "inspect %s", path);
-    cr_assert_eq(insp_run(args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cr_expect(strstr(out, "2 tensors") && strstr(out, "layer.a") && strstr(out, "2 x 3") &&
                   strstr(out, "origin = test"),
               "%s", out);
     free(out); free(er);
     snprintf(args, sizeof args, "inspect --json %s", path);
-    cr_assert_eq(insp_run(args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cJSON *o = cJSON_Parse(out);
     cr_assert_not_null(o, "%s", out);
     cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "tensors")), 2);
@@ -717,7 +672,7 @@ Test(inspect, lone_safetensors_lists_tensors)
     fputs("{\"model_type\": \"llama\"}", f);
     fclose(f);
     snprintf(args, sizeof args, "inspect %s", path);
-    cr_expect_eq(insp_run(args, &out, &er), 1, "%s", out);
+    cr_expect_eq(fx_fasa(args, &out, &er), 1, "%s", out);
     free(out); free(er);
     tmpdir_remove(dir);
 }

@@ -445,17 +445,11 @@ Test(quant_formats, tiny_model_of_every_type_opens)
 
 /* ---- the CLI on the same files ----------------------------------------------------------------------- */
 
-static const char *fasa_bin(void)
-{
-    const char *b = getenv("FASA_BIN");
-    return b && *b ? b : "bin/fasa";
-}
-
 /* "fasa ARGS": exit status, stderr into a malloc'd string. */
 static int fasa(const char *args, const char *dir, char **err)
 {
     char cmd[4096], p[700];
-    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s/stderr </dev/null", fasa_bin(), args, dir);
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s/stderr </dev/null", fx_bin(), args, dir);
     int st = system(cmd);
     snprintf(p, sizeof p, "%s/stderr", dir);
     char *buf = NULL;
@@ -489,7 +483,7 @@ Test(quant_formats, cli_hostile_files_exit_1_with_one_line, .timeout = 120)
 
 static void repo_root(char *root, size_t n)
 {
-    const char *bin = fasa_bin(), *slash = strrchr(bin, '/');
+    const char *bin = fx_bin(), *slash = strrchr(bin, '/');
     snprintf(root, n, "%.*s/..", slash ? (int)(slash - bin) : 1, slash ? bin : ".");
 }
 

@@ -33,7 +33,7 @@
  * mean of the previous span as the copy holds it (none for the first), computed from the copy
  * when the span's first key arrives and kept in f32 beside the tiles, and a score adds the
  * query's product with them. Ranking needs order, not exact values: on the calibration text the
- * copy keeps about as much attention mass as exact keys do (README, Accuracy) at 4 bits a value.
+ * copy keeps about as much attention mass as exact keys do (docs/results.md, Accuracy) at 4 bits a value.
  * It is laid out in tiles of 16 keys for ops_tip_q4 and read only by kvcache_tip_scores. With a
  * cold tier (FASA-M) the copy is all that stays in memory; keys and values go to the file.
  */

@@ -16,7 +16,7 @@
 /* Bytes the streaming kernels prefetch ahead of what they read: the cache's rows in attention
  * (KV_AHEAD) and TIP's 4-bit copy (TIP_AHEAD, in tiles: ops.c). Both measured best at 6 KB:
  * full attention's step at 32k went from 29.2 to 24.9 ms with 6 KB instead of 1,536 bytes
- * (alternating builds, median of five; README), TIP's kernel on one thread from 50.5 to 31.6
+ * (alternating builds, median of five; docs/results.md), TIP's kernel on one thread from 50.5 to 31.6
  * cycles a tile with 6 KB instead of two tiles, 3 KB and 12 KB both slower
  * (tests/tools/bench_tip, 40 dims). */
 #ifndef KV_AHEAD

@@ -44,7 +44,7 @@ typedef struct policy_opts {
                               * tokens (> 0) or -dense_budget times the budget (< 0); 0: all */
     int n_sink, n_recent;    /* tokens always kept, within the budget: the first n_sink and the
                               * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
-                              * calibration text, README); stream: 4, then all recent */
+                              * calibration text, docs/results.md); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
     float auto_mass;         /* fasa, > 0: a budget that sets itself: per (layer, head, step) the fewest
                               * tokens whose attention mass, estimated from TIP's scores, reaches this

@@ -16,7 +16,7 @@
  * picks by exact scores.
  * A thread reads only TIP scores it wrote: when the two cores of a VM sit on different dies,
  * handing a layer's scores (300 KB at 8k for the default model) from one core to the other made
- * TIP 2.5x slower (README, Speed).
+ * TIP 2.5x slower (docs/results.md, Speed).
  * p->cand holds, per (thread, head), mid packed keys (topk_pack) or, when the thread scored the
  * whole row, the head's indices (int32, ascending); p->cand_n their count, -1 - count for the
  * latter. */
