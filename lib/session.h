@@ -45,8 +45,8 @@ enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
  * chosen on the calibration text (docs/results.md, Accuracy) */
 #define SESSION_DENSE_BUDGET (-4)
 /* The rows left unchosen join as one estimate (the tail): chosen on the calibration text by KL to
- * full attention, then checked by RULER beside the default without it (docs/results.md, "The unchosen rows
- * as one estimate"); since 2026-11-28 */
+ * full attention, then checked by RULER beside the default without it (docs/results.md, "The
+ * unchosen rows as one estimate"); since 2026-11-28 */
 #define SESSION_TAIL 1
 
 /* What the token importance predictor reads. */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "base.h"
 #include "gguf.h"
 #include "safetensors.h"
 
@@ -416,21 +417,18 @@ const char *fx_bin(void)
 
 int fx_sh(const char *line, char **out, char **err)
 {
-    enum { CAP = 4 << 20 };
     char *dir = tmpdir_make();
     size_t len = strlen(line) + 2 * strlen(dir) + 64;
-    char *cmd = malloc(len), p[600];
+    char *cmd = malloc(len), p[600], e[FASA_ERRLEN];
     snprintf(cmd, len, "%s >%s/out 2>%s/err </dev/null", line, dir, dir);
     int st = system(cmd);
     free(cmd);
     char **dst[2] = { out, err };
     const char *names[2] = { "out", "err" };
     for (int i = 0; i < 2; i++) {
+        if (!dst[i]) continue;
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        FILE *f = fopen(p, "rb");
-        char *buf = calloc(1, CAP);
-        if (f) { size_t n = fread(buf, 1, CAP - 1, f); buf[n] = 0; fclose(f); }
-        if (dst[i]) *dst[i] = buf; else free(buf);
+        if (fasa_read_file(p, 0, dst[i], NULL, e) < 0) *dst[i] = calloc(1, 1);
     }
     tmpdir_remove(dir);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;

@@ -58,8 +58,8 @@ void  tmpdir_remove(char *dir);
 
 /* The CLI tests' runner. fx_bin: the binary under test, $FASA_BIN (make test sets it), else
  * bin/fasa. fx_sh: a shell command line with stdin from /dev/null; its exit status (128 when a
- * signal ended it), stdout and stderr (up to 4 MB each) in malloc'd strings, or dropped where out
- * or err is NULL. fx_fasa: "fasa ARGS" the same way. fx_lines: the newlines in s. */
+ * signal ended it), stdout and stderr whole in malloc'd strings, or dropped where out or err is
+ * NULL. fx_fasa: "fasa ARGS" the same way. fx_lines: the newlines in s. */
 const char *fx_bin(void);
 int fx_sh(const char *line, char **out, char **err);
 int fx_fasa(const char *args, char **out, char **err);
