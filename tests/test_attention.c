@@ -1196,7 +1196,8 @@ Test(attention, value_sums_give_the_mean)
         }
 }
 
-/* The tail (policy_opts.tail): the fused decode step and the per-query path compute it alike (1
+/* The tail (policy_opts.tail, its offset from the chosen rows or from a sample of the unchosen):
+ * the fused decode step and the per-query path compute it alike (1
  * and 3 threads, F = 2 and all 8 chunks), it keeps the rows chosen and moves the logits, and
  * with TIP over every chunk (the tail's logits then the 4-bit keys') it brings them at least
  * twice as close to full attention's as the chosen rows alone: the rows a budget of 24 leaves
@@ -1212,12 +1213,12 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     run_state *s = prefilled(&e, &(kv_opts){ .f16 = 1 }, NULL);
     float *full = steps_40(&e, s);
     run_state_free(s);
-    for (int F = 2; F <= 8; F += 6) {
+    for (int F = 2, how = 1; F <= 8; how = 3 - how, F += how == 1 ? 6 : 0) {
         policy pol, bare;
         policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
         o.prof = &e.p, o.fcs = F, o.n_dense_layers = 1, o.tip_bits = 4, o.tip_union = 1;
         cr_assert_eq(policy_init(&bare, e.m, &o, err), 0, "%s", err);
-        o.tail = 1;
+        o.tail = how;
         cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
         kv_opts ko = { .f16 = 1 };
         policy_kv_opts(&pol, &ko);
@@ -1227,15 +1228,16 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
             double sel[3];
             float *fused = decode_40(&e, &pol, 0, &sel[0]), *each = decode_40(&e, &pol, 1, &sel[1]);
             float *plain = decode_40(&e, &bare, 0, &sel[2]);
-            cr_expect_leq(max_rel(fused, each, 40 * V), 1e-4, "F %d, %d threads: fused and per-query tails differ (%g)",
-                          F, nt, max_rel(fused, each, 40 * V));
+            cr_expect_leq(max_rel(fused, each, 40 * V), 1e-4, "F %d, tail %d, %d threads: fused and per-query tails "
+                          "differ (%g)", F, how, nt, max_rel(fused, each, 40 * V));
             cr_expect_float_eq(sel[0], sel[1], 1e-9, "F %d, %d threads: %g vs %g tokens per query", F, nt, sel[0],
                                sel[1]);
             cr_expect_float_eq(sel[0], sel[2], 1e-9, "F %d: the tail should not change the rows chosen", F);
-            cr_expect_gt(max_rel(fused, plain, 40 * V), 1e-3, "F %d, %d threads: the tail changed nothing", F, nt);
+            cr_expect_gt(max_rel(fused, plain, 40 * V), 1e-3, "F %d, tail %d, %d threads: the tail changed nothing", F,
+                         how, nt);
             if (F == 8)
                 cr_expect_lt(max_rel(fused, full, 40 * V), 0.5 * max_rel(plain, full, 40 * V),
-                             "%d threads: with the tail %g from full attention, without it %g", nt,
+                             "tail %d, %d threads: with the tail %g from full attention, without it %g", how, nt,
                              max_rel(fused, full, 40 * V), max_rel(plain, full, 40 * V));
             free(fused), free(each), free(plain);
         }
@@ -1258,9 +1260,9 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     policy_free(&pol);
     so.group = 0;
     const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4", "default-a95",
-                            "default-gx1", "default-x2" };
-    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL };
-    for (int i = 0; i < 8; i++) {
+                            "default-gx1", "default-x2", "default-tails" };
+    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL, 2 };
+    for (int i = 0; i < 9; i++) {
         bench_policy bp;
         cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
         cr_expect_eq(bp.o.tail, want[i], "%s", names[i]);

@@ -25,7 +25,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail, -notail) */
+         * -own, -tail, -tails, -notail) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -82,6 +82,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
         else if (!strcmp(dash, "-own")) tip_union = 0;   /* with the copy: every head its own chunks */
         else if (!strcmp(dash, "-tail")) tail = 1;   /* the unchosen rows as one estimate */
+        else if (!strcmp(dash, "-tails")) tail = 2;   /* its offset from a sample of the unchosen rows */
         else if (!strcmp(dash, "-notail")) tail = 0;   /* without it (default-notail) */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;

@@ -68,7 +68,9 @@ typedef struct policy_opts {
                               * once for the group) */
     int tail;                /* fasa, with room beside the forced rows: the rows of [lo, hi) left
                               * unchosen join the attention as one estimate (attention.c, attn_tail):
-                              * their logits from TIP's scores, their values the mean value */
+                              * their logits from TIP's scores, their values the mean value; TIP's
+                              * offset from the exact logits measured on the chosen rows (1) or on
+                              * a sample of the unchosen (2) (attention.c, tail_offset) */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */
