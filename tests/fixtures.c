@@ -1,5 +1,6 @@
 #include "fixtures.h"
 
+#include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 #include <sys/wait.h>
 
 #include "base.h"
+#include "calibrate.h"
 #include "gguf.h"
 #include "safetensors.h"
 
@@ -449,4 +451,32 @@ int fx_lines(const char *s)
     int n = 0;
     for (; *s; s++) n += *s == '\n';
     return n;
+}
+
+char *fx_read(const char *path, size_t *len)
+{
+    char *buf = NULL, err[FASA_ERRLEN];
+    return fasa_read_file(path, 0, &buf, len, err) < 0 ? NULL : buf;
+}
+
+double fx_rel(const float *a, const float *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
+    return md / mr;
+}
+
+void fx_ids(int32_t *ids, int n, int n_vocab)
+{
+    for (int i = 0; i < n; i++) ids[i] = (i * 29 + 7 + (i * i) % 13) % n_vocab;
+}
+
+void fx_profile(model *m, const int32_t *ids, profile *p)
+{
+    char err[FASA_ERRLEN];
+    calib_opts o = calib_defaults(m);
+    o.n_prefill = 150;
+    o.fcs = 2;
+    o.rank_k = 64;
+    cr_assert_eq(calibrate_run(m, ids, 200, &o, p, err), 0, "%s", err);
 }

@@ -15,6 +15,7 @@
 #ifndef FASA_TEST_FIXTURES_H
 #define FASA_TEST_FIXTURES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 enum tiny_arch { TINY_LLAMA, TINY_QWEN2, TINY_QWEN3, TINY_GEMMA3 };
@@ -64,5 +65,17 @@ const char *fx_bin(void);
 int fx_sh(const char *line, char **out, char **err);
 int fx_fasa(const char *args, char **out, char **err);
 int fx_lines(const char *s);
+
+/* The suites' other shared pieces. fx_read: the file at path whole, NUL-terminated (*len its
+ * length; len may be NULL), NULL when it cannot be read. fx_rel: max |a - ref| / max |ref| over
+ * n values. fx_ids: the fixed token sequence the model suites feed tiny models (n ids below
+ * n_vocab). fx_profile: m calibrated on ids[0..200) as those suites take it (150 prefilled, F =
+ * 2, ranked at K = 64), into p; a failure fails the test. */
+struct model;
+struct profile;
+char  *fx_read(const char *path, size_t *len);
+double fx_rel(const float *a, const float *ref, size_t n);
+void   fx_ids(int32_t *ids, int n, int n_vocab);
+void   fx_profile(struct model *m, const int32_t *ids, struct profile *p);
 
 #endif

@@ -28,12 +28,8 @@ static void env_open(env *e, int seed)
     snprintf(path, sizeof path, "%s/t.gguf", e->dir);
     cr_assert_eq(tiny_write_gguf(&e->t, path, GGUF_TYPE_F32), 0);
     cr_assert_eq(model_open(&e->m, path, err), 0, "%s", err);
-    for (int i = 0; i < 300; i++) e->ids[i] = (i * 29 + 7 + (i * i) % 13) % e->t.s.n_vocab;
-    calib_opts o = calib_defaults(e->m);
-    o.n_prefill = 150;
-    o.fcs = 2;
-    o.rank_k = 64;
-    cr_assert_eq(calibrate_run(e->m, e->ids, 200, &o, &e->p, err), 0, "%s", err);
+    fx_ids(e->ids, 300, e->t.s.n_vocab);
+    fx_profile(e->m, e->ids, &e->p);
 }
 
 static void env_close(env *e)
@@ -69,13 +65,6 @@ static float *decode_logits(env *e, policy *pol, int P, int n, int batch)
     return decode_logits_kv(e, pol, P, n, batch, NULL);
 }
 
-static double max_rel(const float *a, const float *ref, size_t n)
-{
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
-    return md / mr;
-}
-
 /* Split keys (the group's top chunks as one block) and FASA-M's cold tier change where keys live,
  * not what attention computes. */
 Test(attention, split_keys_and_cold_tier, .timeout = 60)
@@ -89,10 +78,10 @@ Test(attention, split_keys_and_cold_tier, .timeout = 60)
     /* chunks in group-rank order: full attention is unchanged up to float summation order */
     cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     float *ranked = decode_logits(&e, NULL, 200, 240, 1);
-    cr_expect_leq(max_rel(ranked, before, n * V), 1e-5, "ranking the chunks changed full attention");
+    cr_expect_leq(fx_rel(ranked, before, n * V), 1e-5, "ranking the chunks changed full attention");
     kv_opts split = { .n_split = 4 }, cold = { .n_split = 4, .cold_dir = e.dir };
     float *full_split = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
-    cr_expect_leq(max_rel(full_split, before, n * V), 1e-5, "split keys changed full attention");
+    cr_expect_leq(fx_rel(full_split, before, n * V), 1e-5, "split keys changed full attention");
     /* the group's chunks from the block equal the same dims gathered from whole rows */
     policy pol;
     policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
@@ -103,8 +92,8 @@ Test(attention, split_keys_and_cold_tier, .timeout = 60)
             for (int j = 0; j < 4; j++) cr_expect_eq(pol.dom[((size_t)l * e.m->cfg.n_head + h) * 4 + j], j);
     float *gathered = decode_logits(&e, &pol, 200, 240, 1);
     float *block = decode_logits_kv(&e, &pol, 200, 240, 1, &split);
-    cr_expect_leq(max_rel(block, gathered, n * V), 1e-5, "TIP over the block differs from the gathered dims");
-    cr_expect_gt(max_rel(block, full_split, n * V), 1e-4, "budget 24 should change the output");
+    cr_expect_leq(fx_rel(block, gathered, n * V), 1e-5, "TIP over the block differs from the gathered dims");
+    cr_expect_gt(fx_rel(block, full_split, n * V), 1e-4, "budget 24 should change the output");
     /* the cold tier: same numbers bit for bit, 1/(2d/n_split) of the bytes resident, no file left */
     float *m_cold = decode_logits_kv(&e, &pol, 200, 240, 1, &cold);
     cr_expect_eq(memcmp(m_cold, block, sizeof(float) * n * V), 0, "fasa-m differs from fasa-c on split keys");
@@ -160,8 +149,8 @@ Test(attention, per_head_chunks_in_the_union_block, .timeout = 60)
     float *gathered = decode_logits(&e, &gath, 200, 240, 1);
     float *block = decode_logits_kv(&e, &uni, 200, 240, 1, &(kv_opts){ .n_split = 2 * w });
     float *full = decode_logits(&e, NULL, 200, 240, 1);
-    cr_expect_leq(max_rel(block, gathered, n * V), 1e-5, "TIP over the union block differs from the gathered dims");
-    cr_expect_gt(max_rel(block, full, n * V), 1e-4, "budget 24 should change the output");
+    cr_expect_leq(fx_rel(block, gathered, n * V), 1e-5, "TIP over the union block differs from the gathered dims");
+    cr_expect_gt(fx_rel(block, full, n * V), 1e-4, "budget 24 should change the output");
     policy_free(&gath);
     policy_free(&uni);
     free(gathered); free(block); free(full);
@@ -199,13 +188,13 @@ Test(attention, f16_cache, .timeout = 60)
 
     float *f32 = decode_logits(&e, NULL, 200, 240, 1);
     float *f16 = decode_logits_kv(&e, NULL, 200, 240, 1, &h16);
-    const double dr = max_rel(f16, f32, n * V);
+    const double dr = fx_rel(f16, f32, n * V);
     cr_expect(dr > 0 && dr <= 2e-3, "f16 vs f32 cache, dense decode: %.3g of the max logit", dr);
     float *f16b = decode_logits_kv(&e, NULL, 200, 240, 8, &h16);   /* batched prefill attention */
-    cr_expect_leq(max_rel(f16b, f16, n * V), 1e-5, "f16: batch of 8 vs one token at a time");
+    cr_expect_leq(fx_rel(f16b, f16, n * V), 1e-5, "f16: batch of 8 vs one token at a time");
     float *f16s = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
-    cr_expect_leq(max_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)",
-                  max_rel(f16s, f16, n * V));
+    cr_expect_leq(fx_rel(f16s, f16, n * V), 1e-4, "f16: split keys changed full attention (%.3g)",
+                  fx_rel(f16s, f16, n * V));
 
     cr_assert_eq(keys_order(e.m, &e.p, err), 0, "%s", err);
     float *full_r = decode_logits_kv(&e, NULL, 200, 240, 1, &split);
@@ -624,7 +613,7 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
             bytes[k] = run_state_kv_bytes_read(s) - b0;
             run_state_free(s);
         }
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-5,
+        cr_expect_leq(fx_rel(out[0], out[1], 40 * V), 1e-5,
                       "f16 %d, %d threads: shared forced rows changed the output", f16, threads[nt]);
         cr_expect_lt(bytes[0], bytes[1], "f16 %d: the shared path should read fewer bytes (%llu vs %llu)", f16,
                      (unsigned long long)bytes[0], (unsigned long long)bytes[1]);
@@ -642,7 +631,7 @@ Test(attention, forced_rows_once_per_group, .timeout = 60)
 static int first_diff(const float *a, const float *b, int n, size_t V)
 {
     for (int i = 0; i < n; i++)
-        if (max_rel(a + i * V, b + i * V, V) > 1e-5) return i;
+        if (fx_rel(a + i * V, b + i * V, V) > 1e-5) return i;
     return -1;
 }
 
@@ -685,12 +674,12 @@ Test(attention, q4_copy_routes_agree, .timeout = 60)
          * per-query one; caches with and without the copy lay keys out differently): 8e-6 at -O2,
          * up to 2.7e-5 in the -O1 sanitizer build. Selecting as exact keys do instead moves the
          * logits by 0.26 here, so 1e-4 and 1e-2 keep the two cases far apart. */
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query q4 differ (%g)", nt,
-                      max_rel(out[0], out[1], 40 * V));
-        cr_expect_leq(max_rel(out[1], out[2], 40 * V), 1e-4,
+        cr_expect_leq(fx_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query q4 differ (%g)", nt,
+                      fx_rel(out[0], out[1], 40 * V));
+        cr_expect_leq(fx_rel(out[1], out[2], 40 * V), 1e-4,
                       "%d threads: the copy and rounding keys differ (%g; first step %d)", nt,
-                      max_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
-        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 selected as exact keys do everywhere", nt);
+                      fx_rel(out[1], out[2], 40 * V), first_diff(out[1], out[2], 40, V));
+        cr_expect_gt(fx_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 selected as exact keys do everywhere", nt);
         cr_expect_lt(bytes[0], bytes[3], "the copy should be read instead of keys (%llu vs %llu bytes)",
                      (unsigned long long)bytes[0], (unsigned long long)bytes[3]);
         for (int k = 0; k < 4; k++) free(out[k]);
@@ -827,8 +816,8 @@ Test(attention, auto_budget_routes_agree, .timeout = 60)
             float *out[2];
             double sel[2];
             for (int k = 0; k < 2; k++) out[k] = decode_40(&e, &pol, k, &sel[k]);
-            cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "P %g, %d threads: fused and per-query differ (%g)",
-                          o.auto_mass, nt, max_rel(out[0], out[1], 40 * V));
+            cr_expect_leq(fx_rel(out[0], out[1], 40 * V), 1e-4, "P %g, %d threads: fused and per-query differ (%g)",
+                          o.auto_mass, nt, fx_rel(out[0], out[1], 40 * V));
             cr_expect_float_eq(sel[0], sel[1], 1e-9, "P %g, %d threads: %g vs %g tokens per query", o.auto_mass, nt,
                                sel[0], sel[1]);
             cr_expect(sel[0] > o.auto_min && sel[0] < o.budget, "P %g: %g tokens per query, not set by the mass",
@@ -863,13 +852,13 @@ Test(attention, dense_layer_budget, .timeout = 60)
         float *out[2];
         double sel[2];
         for (int k = 0; k < 2; k++) out[k] = decode_40(&e, &pol, k, &sel[k]);
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "dense budget %d: fused and per-query differ (%g)",
-                      o.dense_budget, max_rel(out[0], out[1], 40 * V));
+        cr_expect_leq(fx_rel(out[0], out[1], 40 * V), 1e-4, "dense budget %d: fused and per-query differ (%g)",
+                      o.dense_budget, fx_rel(out[0], out[1], 40 * V));
         const double want = db ? (double)(D + B * (L - 1)) / L : B;
         for (int k = 0; k < 2; k++)
             cr_expect_float_eq(sel[k], want, 1e-9, "dense budget %d, %s: %g tokens per query, not %g", o.dense_budget,
                                k ? "per query" : "fused", sel[k], want);
-        if (db) cr_expect_gt(max_rel(out[0], ref, 40 * V), 1e-6, "layer 0 attended to every token all the same");
+        if (db) cr_expect_gt(fx_rel(out[0], ref, 40 * V), 1e-6, "layer 0 attended to every token all the same");
         free(out[1]);
         if (db) free(out[0]);
         else ref = out[0];
@@ -910,11 +899,11 @@ Test(attention, rerank_of_every_row_selects_as_exact_keys, .timeout = 60)
             out[k] = steps_40(&e, s);
             run_state_free(s);
         }
-        cr_expect_leq(max_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query rerank differ (%g)", nt,
-                      max_rel(out[0], out[1], 40 * V));
-        cr_expect_leq(max_rel(out[1], out[3], 40 * V), 1e-4, "%d threads: rerank and exact keys differ (%g; step %d)",
-                      nt, max_rel(out[1], out[3], 40 * V), first_diff(out[1], out[3], 40, V));
-        cr_expect_gt(max_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 alone selected as exact keys do", nt);
+        cr_expect_leq(fx_rel(out[0], out[1], 40 * V), 1e-4, "%d threads: fused and per-query rerank differ (%g)", nt,
+                      fx_rel(out[0], out[1], 40 * V));
+        cr_expect_leq(fx_rel(out[1], out[3], 40 * V), 1e-4, "%d threads: rerank and exact keys differ (%g; step %d)",
+                      nt, fx_rel(out[1], out[3], 40 * V), first_diff(out[1], out[3], 40, V));
+        cr_expect_gt(fx_rel(out[2], out[3], 40 * V), 1e-2, "%d threads: q4 alone selected as exact keys do", nt);
         for (int k = 0; k < 4; k++) free(out[k]);
     }
     for (int k = 0; k < 3; k++) policy_free(&pol[k]);
@@ -970,7 +959,7 @@ Test(attention, attend_hook_gets_the_same_rows, .timeout = 60)
         memcpy(got + (size_t)(i - 200) * V, s->logits, sizeof(float) * V);
     }
     cr_expect_eq(hook_calls, 40 * c->n_layer * c->n_head);
-    cr_expect_leq(max_rel(got, want, (size_t)40 * V), 1e-5);
+    cr_expect_leq(fx_rel(got, want, (size_t)40 * V), 1e-5);
     s->attend_hook = failing_hook;
     s->n_past = 230;
     cr_expect_lt(model_forward(e.m, s, e.ids + 100, 1, 0, err), 0);
@@ -1007,8 +996,8 @@ Test(attention, group_rerank_routes_agree, .timeout = 60)
         omp_set_num_threads(nt);
         double sel[2];
         float *fused = decode_40(&e, &pol[0], 0, &sel[0]), *per_query = decode_40(&e, &pol[0], 1, &sel[1]);
-        cr_expect_leq(max_rel(fused, per_query, 40 * V), 1e-4, "%d threads: fused and per-query differ (%g)", nt,
-                      max_rel(fused, per_query, 40 * V));
+        cr_expect_leq(fx_rel(fused, per_query, 40 * V), 1e-4, "%d threads: fused and per-query differ (%g)", nt,
+                      fx_rel(fused, per_query, 40 * V));
         cr_expect_float_eq(sel[0], sel[1], 1e-9);
         /* the hook's path (over an f32 cache, which the hook reads): no TIP rows from the step,
          * each head scores its group's others; against the per-query path over the same cache */
@@ -1023,13 +1012,13 @@ Test(attention, group_rerank_routes_agree, .timeout = 60)
             f32[k] = steps_40(&e, s);
             run_state_free(s);
         }
-        cr_expect_leq(max_rel(f32[0], f32[1], 40 * V), 1e-4, "%d threads: the hook's path differs (%g; step %d)", nt,
-                      max_rel(f32[0], f32[1], 40 * V), first_diff(f32[0], f32[1], 40, V));
+        cr_expect_leq(fx_rel(f32[0], f32[1], 40 * V), 1e-4, "%d threads: the hook's path differs (%g; step %d)", nt,
+                      fx_rel(f32[0], f32[1], 40 * V), first_diff(f32[0], f32[1], 40, V));
         float *all = decode_40(&e, &pol[1], 0, &sel[0]), *own = decode_40(&e, &pol[2], 0, &sel[0]);
         float *exact = decode_40(&e, &pol[3], 0, &sel[0]);
-        cr_expect_leq(max_rel(all, exact, 40 * V), 1e-4, "%d threads: every row reranked is not exact keys (%g)", nt,
-                      max_rel(all, exact, 40 * V));
-        cr_expect_gt(max_rel(fused, own, 40 * V), 1e-3, "%d threads: the union chose as each head's own picks", nt);
+        cr_expect_leq(fx_rel(all, exact, 40 * V), 1e-4, "%d threads: every row reranked is not exact keys (%g)", nt,
+                      fx_rel(all, exact, 40 * V));
+        cr_expect_gt(fx_rel(fused, own, 40 * V), 1e-3, "%d threads: the union chose as each head's own picks", nt);
         free(fused), free(per_query), free(f32[0]), free(f32[1]), free(all), free(own), free(exact);
     }
     for (int k = 0; k < 4; k++) policy_free(&pol[k]);
@@ -1228,17 +1217,17 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
             double sel[3];
             float *fused = decode_40(&e, &pol, 0, &sel[0]), *each = decode_40(&e, &pol, 1, &sel[1]);
             float *plain = decode_40(&e, &bare, 0, &sel[2]);
-            cr_expect_leq(max_rel(fused, each, 40 * V), 1e-4, "F %d, tail %d, %d threads: fused and per-query tails "
-                          "differ (%g)", F, how, nt, max_rel(fused, each, 40 * V));
+            cr_expect_leq(fx_rel(fused, each, 40 * V), 1e-4, "F %d, tail %d, %d threads: fused and per-query tails "
+                          "differ (%g)", F, how, nt, fx_rel(fused, each, 40 * V));
             cr_expect_float_eq(sel[0], sel[1], 1e-9, "F %d, %d threads: %g vs %g tokens per query", F, nt, sel[0],
                                sel[1]);
             cr_expect_float_eq(sel[0], sel[2], 1e-9, "F %d: the tail should not change the rows chosen", F);
-            cr_expect_gt(max_rel(fused, plain, 40 * V), 1e-3, "F %d, tail %d, %d threads: the tail changed nothing", F,
+            cr_expect_gt(fx_rel(fused, plain, 40 * V), 1e-3, "F %d, tail %d, %d threads: the tail changed nothing", F,
                          how, nt);
             if (F == 8)
-                cr_expect_lt(max_rel(fused, full, 40 * V), 0.5 * max_rel(plain, full, 40 * V),
+                cr_expect_lt(fx_rel(fused, full, 40 * V), 0.5 * fx_rel(plain, full, 40 * V),
                              "tail %d, %d threads: with the tail %g from full attention, without it %g", how, nt,
-                             max_rel(fused, full, 40 * V), max_rel(plain, full, 40 * V));
+                             fx_rel(fused, full, 40 * V), fx_rel(plain, full, 40 * V));
             free(fused), free(each), free(plain);
         }
         policy_free(&pol);

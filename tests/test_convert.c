@@ -49,12 +49,8 @@ static void cenv_open(cenv *e, enum tiny_arch arch, int gguf, int seed)
         cr_assert_eq(tiny_write_hf(&e->t, e->src), 0);
     }
     cr_assert_eq(model_open(&e->m, e->src, err), 0, "%s", err);
-    for (int i = 0; i < 300; i++) e->ids[i] = (i * 29 + 7 + (i * i) % 13) % e->t.s.n_vocab;
-    calib_opts o = calib_defaults(e->m);
-    o.n_prefill = 150;
-    o.fcs = 2;
-    o.rank_k = 64;
-    cr_assert_eq(calibrate_run(e->m, e->ids, 200, &o, &e->p, err), 0, "%s", err);
+    fx_ids(e->ids, 300, e->t.s.n_vocab);
+    fx_profile(e->m, e->ids, &e->p);
 }
 
 static void cenv_close(cenv *e)
@@ -97,13 +93,6 @@ static float *cv_logits(const model *m, const int32_t *ids, int n)
     return out;
 }
 
-static double cv_rel(const float *a, const float *ref, size_t n)
-{
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) md = fmax(md, fabs((double)a[i] - ref[i])), mr = fmax(mr, fabs(ref[i]));
-    return md / mr;
-}
-
 /* Greedy decoding: dense prefill of the prompt, then CV_STEPS steps under pol (NULL: full).
  * Fills toks and returns the steps' logits (CV_STEPS, vocab). */
 static float *cv_greedy(const model *m, policy *pol, const int32_t *prompt, int32_t *toks)
@@ -128,21 +117,6 @@ static float *cv_greedy(const model *m, policy *pol, const int32_t *prompt, int3
     }
     run_state_free(s);
     return lg;
-}
-
-static char *cv_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(n + 1);
-    if (fread(buf, 1, n, f) != (size_t)n) { free(buf); fclose(f); return NULL; }
-    fclose(f);
-    buf[n] = 0;
-    *len = (size_t)n;
-    return buf;
 }
 
 static void cv_write(const char *path, const void *buf, size_t len)
@@ -186,7 +160,7 @@ static void check_full_logits(enum tiny_arch arch, int gguf, int seed)
     cr_expect_gt(moved, 0, "the profile's group ranks are all the identity");
     const size_t n = 200, V = e.m->cfg.n_vocab;
     float *a = cv_logits(e.m, e.ids, n), *b = cv_logits(c, e.ids, n);
-    double d = cv_rel(b, a, n * V);
+    double d = fx_rel(b, a, n * V);
     cr_expect_leq(d, 1e-6, "converted vs original full-mode logits: max relative diff %g", d);
     /* the shipped profile matches the converted weights and has the same content */
     profile q;
@@ -308,7 +282,7 @@ static void check_to_hf(enum tiny_arch arch, int seed)
     }
     const size_t n = 120, V = e.t.s.n_vocab;
     float *la = cv_logits(a, e.ids, n), *lb = cv_logits(b, e.ids, n);
-    double d = cv_rel(la, lb, n * V);
+    double d = fx_rel(la, lb, n * V);
     cr_expect_leq(d, 1e-6, "--to hf of the GGUF vs the HF original: %g", d);
     free(la); free(lb);
     model_close(a);
@@ -359,7 +333,7 @@ Test(convert, half_precision_dtypes)
         model *c;
         cr_assert_eq(model_open(&c, out, err), 0, "%s", err);
         float *l = cv_logits(c, e.ids, n);
-        double d = cv_rel(l, ref, n * V);
+        double d = fx_rel(l, ref, n * V);
         cr_expect_leq(d, tol[i], "%s: %g", names[i], d);
         free(l);
         model_close(c);
@@ -381,7 +355,7 @@ Test(convert, bundle_round_trip_and_reproducible, .timeout = 60)
     cenv_convert(&e, "z1", 1, 1, 1, ST_F32, z1, sizeof z1);
     cenv_convert(&e, "z2", 1, 1, 1, ST_F32, z2, sizeof z2);
     size_t n1, n2, nz1, nz2;
-    char *x1 = cv_read(b1, &n1), *x2 = cv_read(b2, &n2), *y1 = cv_read(z1, &nz1), *y2 = cv_read(z2, &nz2);
+    char *x1 = fx_read(b1, &n1), *x2 = fx_read(b2, &n2), *y1 = fx_read(z1, &nz1), *y2 = fx_read(z2, &nz2);
     cr_assert(x1 && x2 && y1 && y2);
     cr_expect(n1 == n2 && !memcmp(x1, x2, n1), "two bundles of the same model differ");
     cr_expect(nz1 == nz2 && !memcmp(y1, y2, nz1), "two zstd bundles of the same model differ");
@@ -407,7 +381,7 @@ Test(convert, bundle_round_trip_and_reproducible, .timeout = 60)
         size_t k1, k2;
         snprintf(p1, sizeof p1, "%s/%s", dir, files[i]);
         snprintf(p2, sizeof p2, "%s/%s", ex, files[i]);
-        char *f1 = cv_read(p1, &k1), *f2 = cv_read(p2, &k2);
+        char *f1 = fx_read(p1, &k1), *f2 = fx_read(p2, &k2);
         cr_expect(f1 && f2 && k1 == k2 && !memcmp(f1, f2, k1), "'%s' differs after the round trip", files[i]);
         free(f1); free(f2);
     }
@@ -466,7 +440,7 @@ Test(convert, corrupted_bundles_fail_with_one_line, .timeout = 60)
     cenv_convert(&e, "good", 1, 1, 0, ST_F32, b, sizeof b);
     cr_assert_eq(bundle_open(b, NULL, err), 0, "%s", err);
     size_t n;
-    char *good = cv_read(b, &n);
+    char *good = fx_read(b, &n);
     /* offset of the weights' tar header */
     size_t hdr = 0;
     for (size_t off = 0; off + 512 <= n; off += 512)
@@ -625,9 +599,9 @@ static int cv_fasa(const char *dir, const char *args, char **out, char **err)
     int st = system(cmd);
     size_t n;
     snprintf(p, sizeof p, "%s/stdout", dir);
-    *out = cv_read(p, &n);
+    *out = fx_read(p, &n);
     snprintf(p, sizeof p, "%s/stderr", dir);
-    *err = cv_read(p, &n);
+    *err = fx_read(p, &n);
     unlink(p);
     snprintf(p, sizeof p, "%s/stdout", dir);
     unlink(p);
@@ -790,9 +764,9 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
     free(out); free(er);
     size_t na, nb;
-    char *a = cv_read(la, &na), *b = cv_read(lb, &nb);
+    char *a = fx_read(la, &na), *b = fx_read(lb, &nb);
     cr_assert(a && b && na == nb && na > 0);
-    double d = cv_rel((const float *)b, (const float *)a, na / sizeof(float));
+    double d = fx_rel((const float *)b, (const float *)a, na / sizeof(float));
     cr_expect_leq(d, 1e-6, "converted vs original full-mode logits: max relative difference %g", d);
     free(a); free(b);
     tmpdir_remove(dir);

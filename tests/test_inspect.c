@@ -26,24 +26,9 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static char *insp_slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc(n + 1);
-    if (fread(buf, 1, n, f) != (size_t)n) n = 0;
-    buf[n] = 0;
-    fclose(f);
-    if (len) *len = n;
-    return buf;
-}
-
 static cJSON *insp_load_json(const char *path)
 {
-    char *text = insp_slurp(path, NULL);
+    char *text = fx_read(path, NULL);
     cr_assert(text, "cannot read '%s'", path);
     cJSON *o = cJSON_Parse(text);
     free(text);
@@ -396,7 +381,7 @@ Test(inspect, summary_text_json_and_csv)
     cJSON_Delete(o);
     free(so), free(se);
     /* CSV: a header and one row per (K, layer, head, chunk); ranks 1..C per head */
-    char *text = insp_slurp(csv, NULL);
+    char *text = fx_read(csv, NULL);
     cr_assert(text);
     cr_expect(!strncmp(text, "k,layer,head,chunk,ca,rank\n", 27));
     cr_expect_eq(fx_lines(text), 1 + p.n_k * p.n_layer * p.n_head * p.n_chunk, "%d lines", fx_lines(text));
@@ -428,7 +413,7 @@ Test(inspect, heatmap_png)
     cr_assert_eq(fx_fasa(args, &so, &se), 0, "%s", se);
     free(so), free(se);
     size_t len;
-    unsigned char *b = (unsigned char *)insp_slurp(png, &len);
+    unsigned char *b = (unsigned char *)fx_read(png, &len);
     cr_assert(b && len > 33, "no PNG");
     cr_expect(!memcmp(b, "\x89PNG\r\n\x1a\n", 8), "PNG signature");
     cr_expect(!memcmp(b + 12, "IHDR", 4));
@@ -506,7 +491,7 @@ Test(inspect, compare_through_the_binary)
 /* Writes text with the first occurrence of from (after the marker) replaced by to. */
 static void insp_write_edited(const char *src, const char *dst, const char *marker, const char *from, const char *to)
 {
-    char *t = insp_slurp(src, NULL);
+    char *t = fx_read(src, NULL);
     cr_assert(t);
     char *m = strstr(t, marker), *at = m ? strstr(m, from) : NULL;
     cr_assert(at, "'%s' lacks '%s' after '%s'", src, from, marker);
@@ -526,7 +511,7 @@ Test(inspect, bad_profiles)
     insp_save(&p, dir, "p.json", path, sizeof path);
     /* truncated */
     size_t len;
-    char *t = insp_slurp(path, &len);
+    char *t = fx_read(path, &len);
     snprintf(bad, sizeof bad, "%s/truncated.json", dir);
     FILE *f = fopen(bad, "w");
     fwrite(t, 1, len / 2, f);
