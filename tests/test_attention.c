@@ -1186,11 +1186,11 @@ Test(attention, value_sums_give_the_mean)
 }
 
 /* The tail (policy_opts.tail, its offset from the chosen rows or from a sample of the unchosen):
- * the fused decode step and the per-query path compute it alike (1
- * and 3 threads, F = 2 and all 8 chunks), it keeps the rows chosen and moves the logits, and
- * with TIP over every chunk (the tail's logits then the 4-bit keys') it brings them at least
- * twice as close to full attention's as the chosen rows alone: the rows a budget of 24 leaves
- * out carry much of this model's attention. (With F = 2 of this random model's 8 chunks TIP's
+ * the fused decode step and the per-query path compute it alike (1 and 3 threads, F = 2 and all
+ * 8 chunks), it keeps the rows chosen and moves the logits, and with TIP over every chunk (the
+ * tail's logits then the 4-bit keys') it brings them at least twice as close to full attention's
+ * as the chosen rows alone: the rows a budget of 24 leaves out carry much of this model's
+ * attention. (With F = 2 of this random model's 8 chunks TIP's
  * scores are too rough for that: the tail is 0.53 from full, the chosen rows alone 0.51.) */
 Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
 {
