@@ -421,7 +421,7 @@ int fx_sh(const char *line, char **out, char **err)
 {
     char *dir = tmpdir_make();
     size_t len = strlen(line) + 2 * strlen(dir) + 64;
-    char *cmd = malloc(len), p[600], e[FASA_ERRLEN];
+    char *cmd = malloc(len), p[600];
     snprintf(cmd, len, "%s >%s/out 2>%s/err </dev/null", line, dir, dir);
     int st = system(cmd);
     free(cmd);
@@ -430,7 +430,7 @@ int fx_sh(const char *line, char **out, char **err)
     for (int i = 0; i < 2; i++) {
         if (!dst[i]) continue;
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        if (fasa_read_file(p, 0, dst[i], NULL, e) < 0) *dst[i] = calloc(1, 1);
+        if (!(*dst[i] = fx_read(p, NULL))) *dst[i] = calloc(1, 1);
     }
     tmpdir_remove(dir);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;

@@ -1190,8 +1190,8 @@ Test(attention, value_sums_give_the_mean)
  * 8 chunks), it keeps the rows chosen and moves the logits, and with TIP over every chunk (the
  * tail's logits then the 4-bit keys') it brings them at least twice as close to full attention's
  * as the chosen rows alone: the rows a budget of 24 leaves out carry much of this model's
- * attention. (With F = 2 of this random model's 8 chunks TIP's
- * scores are too rough for that: the tail is 0.53 from full, the chosen rows alone 0.51.) */
+ * attention. (With F = 2 of this random model's 8 chunks TIP's scores are too rough for that:
+ * the tail is 0.53 from full, the chosen rows alone 0.51.) */
 Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
 {
     env e;
@@ -1202,7 +1202,8 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     run_state *s = prefilled(&e, &(kv_opts){ .f16 = 1 }, NULL);
     float *full = steps_40(&e, s);
     run_state_free(s);
-    for (int F = 2, how = 1; F <= 8; how = 3 - how, F += how == 1 ? 6 : 0) {
+    for (int F = 2; F <= 8; F += 6)
+    for (int how = 1; how <= 2; how++) {
         policy pol, bare;
         policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
         o.prof = &e.p, o.fcs = F, o.n_dense_layers = 1, o.tip_bits = 4, o.tip_union = 1;

@@ -591,23 +591,6 @@ Test(convert, failed_convert_leaves_nothing, .timeout = 60)
 
 /* ---------------------------------------------------------------- the command */
 
-/* Runs "fasa <args>" with stdout and stderr into files of dir; the exit status. */
-static int cv_fasa(const char *dir, const char *args, char **out, char **err)
-{
-    char cmd[8192], p[800];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/stdout 2>%s/stderr </dev/null", fx_bin(), args, dir, dir);
-    int st = system(cmd);
-    size_t n;
-    snprintf(p, sizeof p, "%s/stdout", dir);
-    *out = fx_read(p, &n);
-    snprintf(p, sizeof p, "%s/stderr", dir);
-    *err = fx_read(p, &n);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/stdout", dir);
-    unlink(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
 Test(convert, command_line, .timeout = 120)
 {
     cenv e;
@@ -622,12 +605,12 @@ Test(convert, command_line, .timeout = 120)
     char *out, *er, *o2, *e2;
     /* the profile beside the model is the default */
     snprintf(args, sizeof args, "convert %s -o %s/c --bundle --zstd --json", e.src, e.dir);
-    cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cr_expect(strstr(out, "\"reordered\":\ttrue") != NULL, "%s", out);
     free(out); free(er);
     /* fasa-c on the bundle (with its own profile) gives the original's greedy tokens */
     snprintf(args, sizeof args, "run %s --ids %s -n 40 --print-ids --mode fasa-c --budget 24 -p %s", e.src, ids, prof);
-    cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     char ex[700];
     snprintf(ex, sizeof ex, "%s/ex", e.dir);
     cr_assert_eq(mkdir(ex, 0755), 0);
@@ -635,7 +618,7 @@ Test(convert, command_line, .timeout = 120)
     cr_assert_eq(bundle_open(args, ex, err), 0, "%s", err);
     snprintf(args, sizeof args, "run %s/c.fasa --ids %s -n 40 --print-ids --mode fasa-c --budget 24 -p %s/profile.json",
              e.dir, ids, ex);
-    cr_assert_eq(cv_fasa(e.dir, args, &o2, &e2), 0, "%s", e2);
+    cr_assert_eq(fx_fasa(args, &o2, &e2), 0, "%s", e2);
     cr_expect_str_eq(o2, out);
     cr_expect_gt(strlen(out), 40);
     free(out); free(er); free(o2); free(e2);
@@ -644,7 +627,7 @@ Test(convert, command_line, .timeout = 120)
                                             { "--mode fasa-m", "fasa-m" } };
     for (int i = 0; i < 4; i++) {
         snprintf(args, sizeof args, "run %s --ids %s -n 4 --json --budget 24 -p %s %s", e.src, ids, prof, modes[i][0]);
-        cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
+        cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
         char want[64];
         snprintf(want, sizeof want, "\"mode\":\t\"%s\"", modes[i][1]);
         cr_expect(strstr(out, want) != NULL, "'fasa %s' printed %s", args, out);
@@ -653,12 +636,12 @@ Test(convert, command_line, .timeout = 120)
     /* bench finds the bundle's own profile as run does: fasa is a known policy without -p (the
      * tiny model then stops at its missing tokenizer, after the policies are made) */
     snprintf(args, sizeof args, "bench %s/c.fasa --task ppl --policy full,fasa --budget 24 --context 64", e.dir);
-    cr_expect_eq(cv_fasa(e.dir, args, &out, &er), 2);
+    cr_expect_eq(fx_fasa(args, &out, &er), 2);
     cr_expect(strstr(er, "needs a model with a tokenizer") != NULL, "%s", er);
     free(out); free(er);
     /* --to hf needs no profile */
     snprintf(args, sizeof args, "convert %s --to hf -o %s/h --dtype bf16", e.src, e.dir);
-    cr_assert_eq(cv_fasa(e.dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     free(out); free(er);
     /* errors: one line, nothing written */
     static const struct { const char *args, *needle; } bad[] = {
@@ -670,7 +653,7 @@ Test(convert, command_line, .timeout = 120)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(args, sizeof args, bad[i].args, e.src, e.dir);
-        int rc = cv_fasa(e.dir, args, &out, &er);
+        int rc = fx_fasa(args, &out, &er);
         cr_expect(rc != 0 && rc < 128, "'fasa %s' gave %d", args, rc);
         cr_expect(strstr(er, bad[i].needle) != NULL, "'fasa %s': '%s' lacks '%s'", args, er, bad[i].needle);
         cr_expect(!strncmp(er, "fasa: ", 6) && strchr(er, '\n') == strrchr(er, '\n'), "'%s'", er);
@@ -680,7 +663,7 @@ Test(convert, command_line, .timeout = 120)
         free(out); free(er);
     }
     snprintf(args, sizeof args, "convert %s -o %s/y --to hf --help", e.src, e.dir);
-    cr_expect_eq(cv_fasa(e.dir, args, &out, &er), 0);
+    cr_expect_eq(fx_fasa(args, &out, &er), 0);
     cr_expect(strstr(out, "usage: fasa convert") != NULL);
     free(out); free(er);
     cenv_close(&e);
@@ -716,11 +699,11 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     /* f32: the reordering is exact, so the logits below must agree to float rounding (the default
      * for this quantised source is f16, checked first) */
     snprintf(args, sizeof args, "convert %s -p %s -o %s/d16 --json", m, prof, dir);
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cr_expect(strstr(out, "\"dtype\":\t\"f16\"") != NULL, "a quantised source converts to f16 by default: %s", out);
     free(out); free(er);
     snprintf(args, sizeof args, "convert %s -p %s -o %s --dtype f32", m, prof, bundle);
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     free(out); free(er);
     cr_assert_eq(mkdir(ex, 0755), 0);
     cr_assert_eq(bundle_open(bundle, ex, err), 0, "%s", err);
@@ -731,11 +714,11 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     for (int i = 0; i < 2; i++) {
         snprintf(args, sizeof args, "run %s --raw -n 32 --ignore-eos --print-ids --mode %s --budget 128 -p %s %s",
                  m, modes[i], prof, prompt);
-        cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+        cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
         snprintf(args, sizeof args,
                  "run %s --raw -n 32 --ignore-eos --print-ids --mode %s --budget 128 -p %s/profile.json %s", bundle,
                  modes[i], ex, prompt);
-        cr_assert_eq(cv_fasa(dir, args, &o2, &e2), 0, "%s", e2);
+        cr_assert_eq(fx_fasa(args, &o2, &e2), 0, "%s", e2);
         cr_expect_gt(strlen(out), 32);
         cr_expect_str_eq(o2, out, "%s: the bundle's greedy tokens differ from the original's", modes[i]);
         free(out); free(er); free(o2); free(e2);
@@ -743,12 +726,12 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     /* without -p, bench takes the bundle's own profile too: fasa runs and differs from full */
     snprintf(args, sizeof args, "bench %s --task ppl --context 512 --steps 32 --budget 64 --policy full,fasa --json %s",
              bundle, "/usr/share/common-licenses/GPL-3");
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cr_expect(strstr(out, "\"policy\":\t\"fasa\"") != NULL, "%s", out);
     free(out); free(er);
     /* without -p, run takes the bundle's own profile */
     snprintf(args, sizeof args, "run %s --raw -n 2 %s", bundle, prompt);
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     cr_expect(strstr(er, "fasa-c (profile '") && strstr(er, ".fasa (profile.json)'"), "%s", er);
     free(out); free(er);
     /* full-mode logits of every prompt position: the bundle against the original with its key
@@ -758,10 +741,10 @@ Test(convert, real_model_bundle_decodes_the_same, .timeout = 900)
     snprintf(lb, sizeof lb, "%s/b.f32", dir);
     snprintf(args, sizeof args, "run %s --mode full -p %s --order-chunks --raw -n 0 --dump-logits %s %s", m, prof, la,
              prompt);
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     free(out); free(er);
     snprintf(args, sizeof args, "run %s --mode full --raw -n 0 --dump-logits %s %s", bundle, lb, prompt);
-    cr_assert_eq(cv_fasa(dir, args, &out, &er), 0, "%s", er);
+    cr_assert_eq(fx_fasa(args, &out, &er), 0, "%s", er);
     free(out); free(er);
     size_t na, nb;
     char *a = fx_read(la, &na), *b = fx_read(lb, &nb);
