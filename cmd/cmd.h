@@ -40,6 +40,8 @@ int parse_dense_budget(const char *s, int *out);
 int parse_kv_type(const char *s, int *f16);
 /* An on|off flag (--tail): *out 1 or 0; anything else: -1, as above. */
 int parse_on_off(const char *flag, const char *s, int *out);
+/* --tail on|off|blocks: 1, 0, 2 (session_opts.tail); an error line and -1 otherwise. */
+int parse_tail(const char *s, int *out);
 static inline const char *kv_type_name(int f16) { return f16 ? "f16" : "f32"; }
 
 /* Plain English text that every Debian system has: the default calibration sample. */

@@ -149,6 +149,20 @@ int parse_on_off(const char *flag, const char *s, int *out)
     return 0;
 }
 
+int parse_tail(const char *s, int *out)
+{
+    if (!strcmp(s, "blocks")) {
+        *out = 2;
+        return 0;
+    }
+    if (strcmp(s, "on") && strcmp(s, "off")) {
+        die("--tail takes on, off or blocks, not '%s'", s);
+        return -1;
+    }
+    *out = !strcmp(s, "on");
+    return 0;
+}
+
 /* Writes buf to path atomically (base.h); prints the error, returns 1. */
 int write_file_atomic(const char *path, const void *buf, size_t len)
 {

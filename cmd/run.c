@@ -55,9 +55,11 @@ static const char usage_text[] =
     "      --group-rerank R  fasa, --tip q4: TIP picks R times the tokens per head, and every head\n"
     "                        keeps the best of its KV group's union of picks by exact scores (0:\n"
     "                        off, the default; not with --rerank or --budget auto)\n"
-    "      --tail on|off     fasa: the tokens left unchosen join attention as one estimate (their\n"
-    "                        logits from TIP's scores, their values the mean value; CPU, not with\n"
-    "                        --group or --budget auto). Default on (docs/results.md, Accuracy)\n"
+    "      --tail on|off|blocks  fasa: the tokens left unchosen join attention as one estimate\n"
+    "                        (their logits from TIP's scores, their values the mean value; blocks:\n"
+    "                        each block of 64 tokens' mean value, weighted by its unchosen tokens'\n"
+    "                        estimated attention; CPU, not with --group or --budget auto). Default\n"
+    "                        on (docs/results.md, Accuracy)\n"
     "      --exact           every weight product in f32 over dequantised rows (activations not\n"
     "                        rounded to integers as the fast kernels do; slower): what an f32\n"
     "                        reference on the dequantised weights computes (make verify)\n"
@@ -263,7 +265,7 @@ int cmd_run(int argc, char **argv)
             if (parse_int("--group-rerank", optarg, 0, 64, &v)) return EXIT_USAGE;
             so.group_rerank = (int)v;
             break;
-        case OPT_TAIL: if (parse_on_off("--tail", optarg, &so.tail)) return EXIT_USAGE; break;
+        case OPT_TAIL: if (parse_tail(optarg, &so.tail)) return EXIT_USAGE; break;
         case OPT_ORDER: so.order_chunks = 1; break;
         case OPT_EXACT: so.exact = 1; break;
         case OPT_KV_COLD: so.kv_cold = optarg; break;

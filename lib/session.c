@@ -185,6 +185,7 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
         if (o->n_recent < 0) po->n_recent = SESSION_AUTO_RECENT;
     }
     po->tail = (o->tail < 0 ? SESSION_TAIL : o->tail) && session_tail_fits(o, po);
+    po->tail_blocks = po->tail && o->tail == 2;
 }
 
 int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
@@ -195,8 +196,8 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     session_policy_opts(m, prof, o, &po);
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
-    if (o->tail == 1 && !session_tail_fits(o, &po))
-        return fasa_error(err, FASA_EARG, "--tail on takes per-head selection and a fixed budget on the CPU: "
+    if (o->tail >= 1 && !session_tail_fits(o, &po))
+        return fasa_error(err, FASA_EARG, "--tail on or blocks takes per-head selection and a fixed budget on the CPU: "
                                           "not --group, --group-rerank, --budget auto or --device cuda");
     if (!po.tip_bits) {
         /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
@@ -269,7 +270,7 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
                  po->group_rerank > 0 ? po->group_rerank : po->rerank);
     if (po->tail)
         snprintf(ss->note + strlen(ss->note) - 1, sizeof ss->note - strlen(ss->note) + 1,
-                 "; the unchosen rows as one estimate)");
+                 "; the unchosen rows as one estimate%s)", po->tail_blocks ? ", valued by block" : "");
     return 0;
 }
 

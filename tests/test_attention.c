@@ -1203,12 +1203,12 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     float *full = steps_40(&e, s);
     run_state_free(s);
     for (int F = 2; F <= 8; F += 6)
-    for (int how = 1; how <= 2; how++) {
+    for (int how = 1; how <= 3; how++) {   /* the offset from the chosen rows, from a sample; values by block */
         policy pol, bare;
         policy_opts o = policy_defaults(POLICY_FASA, e.m, 24);
         o.prof = &e.p, o.fcs = F, o.n_dense_layers = 1, o.tip_bits = 4, o.tip_union = 1;
         cr_assert_eq(policy_init(&bare, e.m, &o, err), 0, "%s", err);
-        o.tail = how;
+        o.tail = how == 3 ? 1 : how, o.tail_blocks = how == 3;
         cr_assert_eq(policy_init(&pol, e.m, &o, err), 0, "%s", err);
         kv_opts ko = { .f16 = 1 };
         policy_kv_opts(&pol, &ko);
@@ -1250,20 +1250,27 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     policy_free(&pol);
     so.group = 0;
     const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4", "default-a95",
-                            "default-gx1", "default-x2", "default-tails" };
-    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL, 2 };
-    for (int i = 0; i < 9; i++) {
+                            "default-gx1", "default-x2", "default-tails", "default-tailb", "default-tails-tailb" };
+    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL, 2, SESSION_TAIL, 2 };
+    for (int i = 0; i < 11; i++) {
         bench_policy bp;
         cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
         cr_expect_eq(bp.o.tail, want[i], "%s", names[i]);
+        cr_expect_eq(bp.o.tail_blocks, strstr(names[i], "-tailb") != NULL, "%s: tail_blocks %d", names[i],
+                     bp.o.tail_blocks);
         bp.o.prof = &e.p;
         cr_expect_eq(policy_init(&pol, e.m, &bp.o, err), 0, "%s: %s", names[i], err);   /* what it asks, it can run */
         policy_free(&pol);
     }
     so.tail = 1;
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
-    cr_expect(pol.o.tail && ko.value_sums, "--tail on should set the policy and the cache's sums");
+    cr_expect(pol.o.tail && !pol.o.tail_blocks && ko.value_sums, "--tail on: the policy's tail and the cache's sums");
     policy_free(&pol);
+    so.tail = 2;
+    cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
+    cr_expect(pol.o.tail && pol.o.tail_blocks && ko.value_sums, "--tail blocks: the tail, valued by block");
+    policy_free(&pol);
+    so.tail = 1;
     so.group = 1;
     cr_expect_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), FASA_EARG, "--tail on with --group: refused");
     cr_expect(strstr(err, "--tail on") != NULL, "the refusal names the flag: %s", err);
@@ -1299,7 +1306,7 @@ Test(attention, tail_partial_by_its_definition)
         int n = 0;
         for (int i = lo; i < hi; i++)
             if (top ? S[i] > 2 : (i - lo) % 3 == 1) idx[n++] = i, chosen[i] = 1;
-        attn_tail(part, d, vmean, S, lo, hi, idx, n, c);
+        attn_tail(part, d, vmean, NULL, 0, S, lo, hi, idx, n, c);
         double z = 0;
         for (int i = lo; i < hi; i++)
             if (!chosen[i]) z += exp(scale * (S[i] - mx));
@@ -1313,10 +1320,62 @@ Test(attention, tail_partial_by_its_definition)
         for (int j = 0; j < 10; j++) part[j] = NAN;
         int32_t all[100];
         for (int i = 0; i < t; i++) all[i] = i;
-        attn_tail(part, d, vmean, S, k ? lo : 50, k ? hi : 50, all, t, c);
+        attn_tail(part, d, vmean, NULL, 0, S, k ? lo : 50, k ? hi : 50, all, t, c);
         cr_expect(part[0] == -INFINITY && part[1] == 0, "%s: an empty tail holds (%g, %g)",
                   k ? "all chosen" : "no rows", part[0], part[1]);
         for (int j = 0; j < d; j++) cr_expect(part[2 + j] == 0, "an empty tail's dim %d is %g", j, part[2 + j]);
     }
+    kvcache_free(&kv);
+}
+/* attn_tail with the values by block (policy_opts.tail_blocks): the same mass, each unchosen row
+ * of a whole block of 64 valued at its block's mean value, the rows past the last whole block at
+ * the mean of rows [0, t). */
+Test(attention, tail_blocks_by_their_definition)
+{
+    char err[FASA_ERRLEN];
+    enum { d = 8, t = 200, B = KVCACHE_VSUM_ROWS };
+    const int lo = 4, hi = 196, nb_whole = t / B;
+    kvcache kv;
+    cr_assert_eq(kvcache_init(&kv, 1, 1, 256, d, &(kv_opts){ .value_sums = 1 }, err), 0, "%s", err);
+    float v[d], S[t], part[d + 2], plain[d + 2], vmean[d];
+    double bmean[t / B][d];
+    memset(bmean, 0, sizeof bmean);
+    for (int i = 0; i < t; i++) {
+        for (int j = 0; j < d; j++) v[j] = cosf(0.05f * i * (j + 1)) + 0.01f * i;
+        if (i < nb_whole * B)
+            for (int j = 0; j < d; j++) bmean[i / B][j] += v[j] / B;
+        kvcache_put_value(&kv, 0, 0, i, v);
+        S[i] = 3 * sinf(0.031f * i);
+    }
+    kvcache_value_mean(&kv, 0, 0, t, vmean);
+    int nb;
+    const float *vpre = kvcache_value_prefix(&kv, 0, 0, t, &nb);
+    cr_assert(vpre && nb == nb_whole, "%d whole blocks, not %d", nb, nb_whole);
+    int32_t idx[t];
+    uint8_t chosen[t];
+    memset(chosen, 0, sizeof chosen);
+    int n = 0;
+    for (int i = lo; i < hi; i++)
+        if (S[i] > 2.2f || i % 7 == 0) idx[n++] = i, chosen[i] = 1;
+    const float scale = 1 / sqrtf((float)d), c = -0.2f;
+    attn_tail(part, d, vmean, vpre, nb, S, lo, hi, idx, n, c);
+    attn_tail(plain, d, vmean, NULL, 0, S, lo, hi, idx, n, c);
+    cr_expect(part[0] == plain[0] && part[1] == plain[1], "the mass moved: (%g, %g) against (%g, %g)", part[0],
+              part[1], plain[0], plain[1]);
+    float mx = -INFINITY;
+    for (int i = lo; i < hi; i++) mx = fmaxf(mx, S[i]);
+    double z = 0, want[d] = { 0 };
+    for (int i = lo; i < hi; i++) {
+        if (chosen[i]) continue;
+        const double w = exp(scale * (S[i] - mx));
+        z += w;
+        for (int j = 0; j < d; j++) want[j] += w * (i < nb_whole * B ? bmean[i / B][j] : vmean[j]);
+    }
+    double moved = 0;
+    for (int j = 0; j < d; j++) {
+        cr_expect_float_eq(part[2 + j], want[j], 2e-4 * z, "dim %d: %g, not %g", j, part[2 + j], want[j]);
+        moved += fabs(part[2 + j] - plain[2 + j]);
+    }
+    cr_expect_gt(moved, 0.01 * z, "the block values are the one mean's (%g)", moved);
     kvcache_free(&kv);
 }

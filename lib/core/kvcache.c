@@ -429,6 +429,12 @@ void kvcache_put_value(kvcache *kv, int layer, int head, int i, const float *val
     vcum_update(kv, layer, head, i);
 }
 
+const float *kvcache_value_prefix(const kvcache *kv, int layer, int head, int t, int *nb)
+{
+    *nb = kv->vcum ? t / KVCACHE_VSUM_ROWS : 0;
+    return kv->vcum ? vcum_at(kv, layer, head, 0) : NULL;
+}
+
 void kvcache_value_mean(const kvcache *kv, int layer, int head, int t, float *out)
 {
     const int B = KVCACHE_VSUM_ROWS, d = kv->d_head, full = kv->vcum ? t / B : 0;   /* without sums: every row */

@@ -190,6 +190,9 @@ const float *kvcache_key_row(const kvcache *kv, int layer, int head, int i, floa
  * sums (a cache made with value_sums; rows written in order) and the last t % 64 rows; without
  * the sums, from every row. */
 void kvcache_value_mean(const kvcache *kv, int layer, int head, int t, float *out);
+/* The running sums of (layer, head)'s values: row b holds the sum over rows [0, 64 (b + 1)), for
+ * the *nb blocks of 64 that rows [0, t) complete (d_head floats a row); NULL without the sums. */
+const float *kvcache_value_prefix(const kvcache *kv, int layer, int head, int t, int *nb);
 /* Starts loading rows idx[0..n) of the keys (every part) and of the values (software prefetch),
  * so that focused attention's gathers from them (from memory, or FASA-M's cold tier) overlap
  * with other work: scoring the first rows, or TIP of the next heads. A hint: no effect on

@@ -25,7 +25,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail, -tails, -notail) */
+         * -own, -tail, -tails, -tailb, -notail) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -44,12 +44,13 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
+        out->o.tail_blocks = v.o.tail_blocks;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
     int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0, tip_union = 0;
-    int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0, tail = 0;
+    int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0, tail = 0, tail_blocks = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
@@ -83,6 +84,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-own")) tip_union = 0;   /* with the copy: every head its own chunks */
         else if (!strcmp(dash, "-tail")) tail = 1;   /* the unchosen rows as one estimate */
         else if (!strcmp(dash, "-tails")) tail = 2;   /* its offset from a sample of the unchosen rows */
+        else if (!strcmp(dash, "-tailb")) tail_blocks = 1;   /* its values by block of 64 rows */
         else if (!strcmp(dash, "-notail")) tail = 0;   /* without it (default-notail) */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
@@ -119,6 +121,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     out->o.rerank = rerank;
     out->o.group_rerank = group_rerank;
     out->o.tail = tail;
+    out->o.tail_blocks = tail_blocks;
     out->o.n_dense_layers = dense;
     out->o.dense_mask = mask;
     out->o.dense_budget = dense_budget;

@@ -174,8 +174,36 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
     if (b > a) count_bytes(s, (uint64_t)(b - a) * 2 * d * kvcache_esz(&s->kv));
 }
 
-void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, int hi, const int32_t *idx, int n,
-               float c)
+/* The tail's values by block (attn_tail with vpre): z_b, the estimated mass of block b's unchosen
+ * rows, times its mean value, summed into out; the mass of rows past the blocks times vmean. */
+static void tail_block_values(float *out, int d, const float *vmean, const float *vpre, int nb, const float *S,
+                              int lo, int hi, const int32_t *idx, int n, float mx, float scale)
+{
+    const int B = KVCACHE_VSUM_ROWS, end = hi < nb * B ? hi : nb * B;
+    double zb[1024], rest;   /* blocks of a context of 64k */
+    const int b0 = lo / B, b1 = end > lo ? (end - 1) / B + 1 : b0;
+    for (int b = b0; b < b1; b++) {
+        const int a = b * B > lo ? b * B : lo, e = (b + 1) * B < end ? (b + 1) * B : end;
+        zb[b - b0] = ops_exp_sum_est(S + a, e - a, mx, scale);
+    }
+    rest = end < hi ? ops_exp_sum_est(S + (end > lo ? end : lo), hi - (end > lo ? end : lo), mx, scale) : 0;
+    for (int k = 0; k < n; k++) {
+        const int i = idx[k];
+        if (i < lo || i >= hi) continue;
+        const double e = ops_exp_sum_est(S + i, 1, mx, scale);
+        if (i < end) zb[i / B - b0] -= e;
+        else rest -= e;
+    }
+    for (int j = 0; j < d; j++) out[j] = rest > 0 ? (float)rest * vmean[j] : 0;
+    for (int b = b0; b < b1; b++) {
+        if (!(zb[b - b0] > 0)) continue;
+        const float w = (float)(zb[b - b0] / B), *p = vpre + (size_t)b * d, *q = b ? p - d : NULL;
+        for (int j = 0; j < d; j++) out[j] += w * (p[j] - (q ? q[j] : 0));
+    }
+}
+
+void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb, const float *S, int lo, int hi,
+               const int32_t *idx, int n, float c)
 {
     const float scale = 1.0f / sqrtf((float)d);
     part[0] = -INFINITY, part[1] = 0;   /* empty until it holds mass */
@@ -198,7 +226,10 @@ void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, i
     const double z = all - chosen;
     if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
-    for (int j = 0; j < d; j++) part[2 + j] = (float)z * vmean[j];
+    if (vpre && nb > lo / KVCACHE_VSUM_ROWS && (hi - 1) / KVCACHE_VSUM_ROWS - lo / KVCACHE_VSUM_ROWS < 1024)
+        tail_block_values(part + 2, d, vmean, vpre, nb, S, lo, hi, idx, n, mx, scale);
+    else
+        for (int j = 0; j < d; j++) part[2 + j] = (float)z * vmean[j];
 }
 
 void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx, int n, int lo, int hi)
@@ -211,7 +242,11 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
     int sampled = 0;
     attend_part(dpart_slot(s, g, 2, h % w->grp), q, 1, d, &s->kv, l, g, 0, idx, n, w->scores + (size_t)tid * w->n_ctx,
                 tmp, tip, lo, hi, p->o.tail, &c, &sampled);
-    if (tip) attn_tail(dpart_slot(s, g, 3, h % w->grp), d, w->vmean + (size_t)g * d, tip, lo, hi, idx, n, c);
+    if (tip) {
+        int nb = 0;
+        const float *vpre = p->o.tail_blocks ? kvcache_value_prefix(&s->kv, l, g, s->n_past + 1, &nb) : NULL;
+        attn_tail(dpart_slot(s, g, 3, h % w->grp), d, w->vmean + (size_t)g * d, vpre, nb, tip, lo, hi, idx, n, c);
+    }
     count_bytes(s, ((uint64_t)n * 2 + sampled) * d * kvcache_esz(&s->kv));
 }
 
@@ -338,7 +373,9 @@ static void attend_tail(float *out, const model *m, run_state *s, int l, int h, 
                 idx, n, scores, tmp, S, lo, hi, p->o.tail, &c, &sampled);
     count_bytes(s, (uint64_t)sampled * d * kvcache_esz(&s->kv));
     kvcache_value_mean(&s->kv, l, g, t, vmean);
-    attn_tail(part[1], d, vmean, S, lo, hi, idx, n, c);
+    int nb = 0;
+    const float *vpre = p->o.tail_blocks ? kvcache_value_prefix(&s->kv, l, g, t, &nb) : NULL;
+    attn_tail(part[1], d, vmean, vpre, nb, S, lo, hi, idx, n, c);
     float mx;
     const float w = parts_merge(out, part[0], 1026, 2, d, &mx) * expf(part[0][0] - mx);
     for (int i = 0; i < n; i++) scores[i] *= w;   /* the chosen rows' weights, as attend leaves them */

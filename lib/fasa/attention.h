@@ -71,6 +71,8 @@ typedef struct policy_opts {
                               * their logits from TIP's scores, their values the mean value; TIP's
                               * offset from the exact logits measured on the chosen rows (1) or on
                               * a sample of the unchosen (2) (attention.c, tail_offset) */
+    int tail_blocks;         /* with tail: the values by block of 64 rows, each block's mean value
+                              * weighted by the estimated mass of its unchosen rows, not one mean */
     int window;              /* snapkv observation window (32); pooling kernel 7 */
     int page;                /* quest page size (16) */
     uint64_t seed;           /* random chunks */

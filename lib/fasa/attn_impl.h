@@ -39,9 +39,12 @@ void attn_chosen(const model *m, run_state *s, int l, int h, const int32_t *idx,
  * d + 2 floats; an empty one (-inf, 0, zeros)). Their logits are estimated as scale S[i] + c (S:
  * TIP's raw scores of the rows; c: the chosen rows' exact logits less their TIP estimates, on
  * average), their values as vmean, the mean value of every cached row (kvcache_value_mean).
- * Chosen on the calibration text (docs/results.md, "The unchosen rows as one estimate"). */
-void attn_tail(float *part, int d, const float *vmean, const float *S, int lo, int hi, const int32_t *idx, int n,
-               float c);
+ * Chosen on the calibration text (docs/results.md, "The unchosen rows as one estimate").
+ * With vpre (policy_opts.tail_blocks; kvcache_value_prefix: the running sums of nb blocks of 64
+ * rows), the rows of each whole block take the block's mean value, weighted by their estimated
+ * mass, and only the rows past the last whole block take vmean. */
+void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb, const float *S, int lo, int hi,
+               const int32_t *idx, int n, float c);
 /* Merges slots 0..P-1 of every head's partials into s->att_out. */
 void attn_merge(const model *m, run_state *s, int P);
 
