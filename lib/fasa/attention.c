@@ -197,8 +197,9 @@ static void tail_block_values(float *out, int d, const float *vmean, const float
     for (int j = 0; j < d; j++) out[j] = rest > 0 ? (float)rest * vmean[j] : 0;
     for (int b = b0; b < b1; b++) {
         if (!(zb[b - b0] > 0)) continue;
-        const float w = (float)(zb[b - b0] / B), *p = vpre + (size_t)b * d, *q = b ? p - d : NULL;
-        for (int j = 0; j < d; j++) out[j] += w * (p[j] - (q ? q[j] : 0));
+        const float w = (float)(zb[b - b0] / B), *p = vpre + (size_t)b * d;
+        ops_axpy(out, w, p, d);   /* block b's sum is the running sum to its end less the one before */
+        if (b) ops_axpy(out, -w, p - d, d);
     }
 }
 
