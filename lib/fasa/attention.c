@@ -187,20 +187,26 @@ static void tail_block_values(float *out, int d, const float *vmean, const float
         zb[b - b0] = ops_exp_sum_est(S + a, e - a, mx, scale);
     }
     rest = end < hi ? ops_exp_sum_est(S + (end > lo ? end : lo), hi - (end > lo ? end : lo), mx, scale) : 0;
-    for (int k = 0; k < n; k++) {
-        const int i = idx[k];
-        if (i < lo || i >= hi) continue;
-        const double e = ops_exp_sum_est(S + i, 1, mx, scale);
-        if (i < end) zb[i / B - b0] -= e;
-        else rest -= e;
+    float e[256];   /* the chosen rows' exps, a vector at a time */
+    int32_t at[256];
+    for (int k0 = 0; k0 < n; k0 += 256) {
+        int m = 0;
+        for (int k = k0; k < n && k < k0 + 256; k++)
+            if (idx[k] >= lo && idx[k] < hi) at[m] = idx[k], e[m++] = scale * (S[idx[k]] - mx);
+        ops_exp(e, e, m);
+        for (int k = 0; k < m; k++) {
+            if (at[k] < end) zb[at[k] / B - b0] -= e[k];
+            else rest -= e[k];
+        }
     }
     for (int j = 0; j < d; j++) out[j] = rest > 0 ? (float)rest * vmean[j] : 0;
-    for (int b = b0; b < b1; b++) {
-        if (!(zb[b - b0] > 0)) continue;
-        const float w = (float)(zb[b - b0] / B), *p = vpre + (size_t)b * d;
-        ops_axpy(out, w, p, d);   /* block b's sum is the running sum to its end less the one before */
-        if (b) ops_axpy(out, -w, p - d, d);
+    /* sum_b w_b (P_b - P_{b-1}) over the running sums P, as sum_b (w_b - w_{b+1}) P_b: one pass */
+    float w = 0, next;
+    for (int b = b1 - 1; b >= b0; b--, w = next) {
+        next = zb[b - b0] > 0 ? (float)(zb[b - b0] / B) : 0;
+        if (next != w) ops_axpy(out, next - w, vpre + (size_t)b * d, d);
     }
+    if (b0 && w != 0) ops_axpy(out, -w, vpre + (size_t)(b0 - 1) * d, d);
 }
 
 void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb, const float *S, int lo, int hi,
