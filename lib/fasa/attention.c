@@ -180,8 +180,8 @@ static void tail_block_values(float *out, int d, const float *vmean, const float
                               int lo, int hi, const int32_t *idx, int n, float mx, float scale)
 {
     const int B = KVCACHE_VSUM_ROWS, end = hi < nb * B ? hi : nb * B;
-    double zb[1024], rest;   /* blocks of a context of 64k */
     const int b0 = lo / B, b1 = end > lo ? (end - 1) / B + 1 : b0;
+    double zb[b1 > b0 ? b1 - b0 : 1], rest;   /* 8 bytes per 64 rows: 16 KB at 128k */
     for (int b = b0; b < b1; b++) {
         const int a = b * B > lo ? b * B : lo, e = (b + 1) * B < end ? (b + 1) * B : end;
         zb[b - b0] = ops_exp_sum_est(S + a, e - a, mx, scale);
@@ -233,7 +233,7 @@ void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb
     const double z = all - chosen;
     if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
-    if (vpre && nb > lo / KVCACHE_VSUM_ROWS && (hi - 1) / KVCACHE_VSUM_ROWS - lo / KVCACHE_VSUM_ROWS < 1024)
+    if (vpre && nb > lo / KVCACHE_VSUM_ROWS)
         tail_block_values(part + 2, d, vmean, vpre, nb, S, lo, hi, idx, n, mx, scale);
     else
         for (int j = 0; j < d; j++) part[2 + j] = (float)z * vmean[j];
