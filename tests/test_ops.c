@@ -615,6 +615,32 @@ Test(ops, exp_sum_est_within_its_bound)
     }
 }
 
+/* ops_exp_sum_blocks: each block's sum is ops_exp_sum_est over that block's part of [lo, hi), to
+ * the bit (the same body), their sum the return; -1 once a value is above the max. */
+Test(ops, exp_sum_blocks_as_the_blocks)
+{
+    uint64_t r = 9;
+    enum { n = 1000, B = 64 };
+    float x[n];
+    for (int i = 0; i < n; i++) x[i] = (float)(sampler_rand(&r) * 200 - 150);
+    const int ranges[][2] = { { 0, n }, { 5, 64 }, { 70, 71 }, { 63, 130 }, { 129, 999 } };
+    for (int c = 0; c < 5; c++) {
+        const int lo = ranges[c][0], hi = ranges[c][1], nz = (hi - 1) / B - lo / B + 1;
+        const float mx = ops_max(x + lo, hi - lo);
+        double zb[n / B + 2], sum = 0;
+        const double s = ops_exp_sum_blocks(zb, x, lo, hi, B, mx, 0.125f);
+        for (int k = 0; k < nz; k++) {
+            const int b = lo / B + k, a = b * B > lo ? b * B : lo, e = (b + 1) * B < hi ? (b + 1) * B : hi;
+            const double want = ops_exp_sum_est(x + a, e - a, mx, 0.125f);
+            cr_expect(zb[k] == want, "[%d, %d) block %d: %.9g, not %.9g", lo, hi, b, zb[k], want);
+            sum += want;
+        }
+        cr_expect_float_eq(s, sum, 1e-12 * sum, "[%d, %d): %.12g, not %.12g", lo, hi, s, sum);
+        cr_expect_eq(ops_exp_sum_blocks(zb, x, lo, hi, B, mx - 1, 0.125f), -1, "[%d, %d): a value above the max",
+                     lo, hi);
+    }
+}
+
 /* softmax and swiglu against their twins: 1e-6 relative, plus 1e-35 absolute where one of them
  * underflows (softmax: the fast exp flushes results below FLT_MIN to 0; swiglu of a < -88: expf
  * overflows to inf in the twin, giving 0, and the fast one gives a / 2.4e38). */

@@ -1029,9 +1029,10 @@ static inline float exp2_est(float x)
     return ldexpf(EXP2_Q0 + f * (EXP2_Q1 + f * (EXP2_Q2 + f * (EXP2_Q3 + f * EXP2_Q4))), (int)n);
 }
 
-double ops_exp_sum_est(const float *x, int n, float mx, float scale)
+/* ops_exp_sum_est's body: the sum of 2^(a x[i] + b) over x[0..n); *above |= some x[i] > mx.
+ * Inlined into both callers, so a block at a time costs no call. */
+static inline double exp_sum_est_run(const float *x, int n, float a, float b, float mx, int *above_out)
 {
-    const float a = scale * EXP_LOG2E, b = -mx * a;   /* exp((x - mx) scale) = 2^(a x + b) */
     int i = 0, above = 0;
     double s = 0;
 #ifdef __AVX512F__
@@ -1073,6 +1074,28 @@ double ops_exp_sum_est(const float *x, int n, float mx, float scale)
     for (; i < n; i++) {
         above |= x[i] > mx;
         s += exp2_est(a * x[i] + b);
+    }
+    *above_out |= above;
+    return s;
+}
+
+double ops_exp_sum_est(const float *x, int n, float mx, float scale)
+{
+    const float a = scale * EXP_LOG2E, b = -mx * a;   /* exp((x - mx) scale) = 2^(a x + b) */
+    int above = 0;
+    const double s = exp_sum_est_run(x, n, a, b, mx, &above);
+    return above ? -1 : s;
+}
+
+double ops_exp_sum_blocks(double *zb, const float *x, int lo, int hi, int B, float mx, float scale)
+{
+    const float a = scale * EXP_LOG2E, b = -mx * a;
+    int above = 0;
+    double s = 0;
+    for (int k = lo / B, r = lo; r < hi; k++) {
+        const int e = (k + 1) * B < hi ? (k + 1) * B : hi;
+        s += zb[k - lo / B] = exp_sum_est_run(x + r, e - r, a, b, mx, &above);
+        r = e;
     }
     return above ? -1 : s;
 }

@@ -143,6 +143,9 @@ void ops_exp_from(float *y, const float *x, int n, float mx, float scale, double
  * polynomial: for estimates, about twice the speed of ops_exp_from); -1 when some x[i] > mx
  * (mx was not the max: the caller takes ops_max and asks again). */
 double ops_exp_sum_est(const float *x, int n, float mx, float scale);
+/* The same by blocks of B rows, in one pass: zb[k] the sum over x[max(lo, bB) .. min(hi, (b + 1)B))
+ * for b = lo / B + k up to (hi - 1) / B; returns their sum (-1 as above). */
+double ops_exp_sum_blocks(double *zb, const float *x, int lo, int hi, int B, float mx, float scale);
 /* The largest of x[0..n) (-inf when n is 0; not NaN-aware). */
 float ops_max(const float *x, int n);
 float ops_exp_shifted_ref(float *y, const float *x, int n, float scale, double *sum);

@@ -174,19 +174,13 @@ void attn_rows(const model *m, run_state *s, int l, int g, int p, int a, int b)
     if (b > a) count_bytes(s, (uint64_t)(b - a) * 2 * d * kvcache_esz(&s->kv));
 }
 
-/* The tail's values by block (attn_tail with vpre): z_b, the estimated mass of block b's unchosen
- * rows, times its mean value, summed into out; the mass of rows past the blocks times vmean. */
-static void tail_block_values(float *out, int d, const float *vmean, const float *vpre, int nb, const float *S,
-                              int lo, int hi, const int32_t *idx, int n, float mx, float scale)
+/* The tail's values by block (attn_tail with vpre): zb, the estimated mass of each block of B
+ * rows from lo / B on (ops_exp_sum_blocks), less its chosen rows', times the block's mean value,
+ * summed into out; the mass of the rows past the nb whole blocks times vmean. */
+static void tail_block_values(float *out, int d, const float *vmean, const float *vpre, int nb, double *zb,
+                              const float *S, int lo, int hi, const int32_t *idx, int n, float mx, float scale)
 {
-    const int B = KVCACHE_VSUM_ROWS, end = hi < nb * B ? hi : nb * B;
-    const int b0 = lo / B, b1 = end > lo ? (end - 1) / B + 1 : b0;
-    double zb[b1 > b0 ? b1 - b0 : 1], rest;   /* 8 bytes per 64 rows: 16 KB at 128k */
-    for (int b = b0; b < b1; b++) {
-        const int a = b * B > lo ? b * B : lo, e = (b + 1) * B < end ? (b + 1) * B : end;
-        zb[b - b0] = ops_exp_sum_est(S + a, e - a, mx, scale);
-    }
-    rest = end < hi ? ops_exp_sum_est(S + (end > lo ? end : lo), hi - (end > lo ? end : lo), mx, scale) : 0;
+    const int B = KVCACHE_VSUM_ROWS, b0 = lo / B, b1 = (hi - 1) / B + 1, bw = b1 < nb ? b1 : nb;
     float e[256];   /* the chosen rows' exps, a vector at a time */
     int32_t at[256];
     for (int k0 = 0; k0 < n; k0 += 256) {
@@ -194,19 +188,29 @@ static void tail_block_values(float *out, int d, const float *vmean, const float
         for (int k = k0; k < n && k < k0 + 256; k++)
             if (idx[k] >= lo && idx[k] < hi) at[m] = idx[k], e[m++] = scale * (S[idx[k]] - mx);
         ops_exp(e, e, m);
-        for (int k = 0; k < m; k++) {
-            if (at[k] < end) zb[at[k] / B - b0] -= e[k];
-            else rest -= e[k];
-        }
+        for (int k = 0; k < m; k++) zb[at[k] / B - b0] -= e[k];
     }
-    for (int j = 0; j < d; j++) out[j] = rest > 0 ? (float)rest * vmean[j] : 0;
-    /* sum_b w_b (P_b - P_{b-1}) over the running sums P, as sum_b (w_b - w_{b+1}) P_b: one pass */
-    float w = 0, next;
-    for (int b = b1 - 1; b >= b0; b--, w = next) {
-        next = zb[b - b0] > 0 ? (float)(zb[b - b0] / B) : 0;
-        if (next != w) ops_axpy(out, next - w, vpre + (size_t)b * d, d);
+    double rest = 0;
+    for (int b = bw; b < b1; b++) rest += zb[b - b0];
+    /* sum_b w_b (P_b - P_{b-1}) over the running sums P, as sum_b (w_b - w_{b+1}) P_b: one
+     * weighted sum of the rows P_{b0-1} .. P_{bw-1} */
+    const int first = b0 ? b0 - 1 : 0, rows = bw - first;
+    float coef[rows], w = 0;
+    for (int b = bw - 1; b >= b0; b--) {
+        const float next = zb[b - b0] > 0 ? (float)(zb[b - b0] / B) : 0;
+        coef[b - first] = next - w, w = next;
     }
-    if (b0 && w != 0) ops_axpy(out, -w, vpre + (size_t)(b0 - 1) * d, d);
+    if (b0) coef[0] = -w;
+    ops_attn_accum(out, coef, vpre + (size_t)first * d, rows, d);
+    if (rest > 0)
+        for (int j = 0; j < d; j++) out[j] += (float)rest * vmean[j];
+}
+
+/* The estimated mass of S[lo, hi) under mx: by blocks into zb when it is non-NULL. */
+static double tail_mass(double *zb, const float *S, int lo, int hi, float mx, float scale)
+{
+    return zb ? ops_exp_sum_blocks(zb, S, lo, hi, KVCACHE_VSUM_ROWS, mx, scale)
+              : ops_exp_sum_est(S + lo, hi - lo, mx, scale);
 }
 
 void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb, const float *S, int lo, int hi,
@@ -216,13 +220,16 @@ void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb
     part[0] = -INFINITY, part[1] = 0;   /* empty until it holds mass */
     memset(part + 2, 0, sizeof(float) * d);
     if (hi - lo <= 0) return;
+    /* by block when a whole block holds rows of [lo, hi): 8 bytes of mass per 64 rows */
+    const int by_block = vpre && nb > lo / KVCACHE_VSUM_ROWS;
+    double zbuf[by_block ? (hi - 1) / KVCACHE_VSUM_ROWS - lo / KVCACHE_VSUM_ROWS + 1 : 1], *zb = by_block ? zbuf : NULL;
     /* the max of [lo, hi) is TIP's first pick: among the chosen rows unless they were reranked,
      * when a pass of its own finds it */
     float mx = -INFINITY;
     for (int k = 0; k < n; k++)
         if (idx[k] >= lo && idx[k] < hi && S[idx[k]] > mx) mx = S[idx[k]];
-    double all = mx > -INFINITY ? ops_exp_sum_est(S + lo, hi - lo, mx, scale) : -1, chosen = 0;   /* none chosen */
-    if (all < 0) mx = ops_max(S + lo, hi - lo), all = ops_exp_sum_est(S + lo, hi - lo, mx, scale);
+    double all = mx > -INFINITY ? tail_mass(zb, S, lo, hi, mx, scale) : -1, chosen = 0;   /* none chosen */
+    if (all < 0) mx = ops_max(S + lo, hi - lo), all = tail_mass(zb, S, lo, hi, mx, scale);
     float buf[256];   /* the chosen rows' scores, gathered to take the same estimate a vector at a time */
     int b = 0;
     for (int k = 0; k < n; k++) {
@@ -233,8 +240,8 @@ void attn_tail(float *part, int d, const float *vmean, const float *vpre, int nb
     const double z = all - chosen;
     if (!(z > 1e-5 * all)) return;   /* nothing left, or the trace of the estimate's error (3e-6 an exp) */
     part[0] = mx * scale + c, part[1] = (float)z;
-    if (vpre && nb > lo / KVCACHE_VSUM_ROWS)
-        tail_block_values(part + 2, d, vmean, vpre, nb, S, lo, hi, idx, n, mx, scale);
+    if (zb)
+        tail_block_values(part + 2, d, vmean, vpre, nb, zb, S, lo, hi, idx, n, mx, scale);
     else
         for (int j = 0; j < d; j++) part[2 + j] = (float)z * vmean[j];
 }
