@@ -1327,9 +1327,9 @@ Test(attention, tail_partial_by_its_definition)
     }
     kvcache_free(&kv);
 }
-/* attn_tail with the values by block (policy_opts.tail_blocks): the same mass (to rounding), each unchosen row
- * of a whole block of 64 valued at its block's mean value, the rows past the last whole block at
- * the mean of rows [0, t). */
+/* attn_tail with the values by block (policy_opts.tail_blocks): the same mass (to rounding),
+ * each unchosen row of a whole block of 64 valued at its block's mean value, the rows past the
+ * last whole block at the mean of rows [0, t). */
 Test(attention, tail_blocks_by_their_definition)
 {
     char err[FASA_ERRLEN];
