@@ -50,9 +50,10 @@ static const char usage_text[] =
     "                        -xR rerank, -u every head TIP over its group's whole 4-bit copy (as\n"
     "                        default), -own over its own chunks only (the default until 2026-11-27),\n"
     "                        -tail the unchosen tokens as one estimate ('fasa run --tail on', as\n"
-    "                        default), -tails the same with TIP's offset measured on 32 of them,\n"
-    "                        -tailb with their values by block of 64 tokens, not one mean,\n"
-    "                        -notail without it (the default until 2026-11-28);\n"
+    "                        default: their values by block of 64 tokens), -tails the same with\n"
+    "                        TIP's offset measured on 32 of them, -tailb their values by block (with\n"
+    "                        fasa; default has it), -tailm one mean value for all (the default until\n"
+    "                        2026-12-05), -notail without it (the default until 2026-11-28);\n"
     "                        default takes them too (default-d0: layer 0 attends to every token)\n"
     "      --budget LIST     tokens attended per query (ppl, passkey; default 128,256,512,1024);\n"
     "                        speed: one N, or auto as 'fasa run --budget auto' (--target-mass P)\n"
@@ -78,8 +79,8 @@ static const char usage_text[] =
     "      --per-head        speed: the same as --tip union (older name)\n"
     "      --rerank R        speed: fasa-c and fasa-m rerank as 'fasa run --rerank' (default: its)\n"
     "      --group-rerank R  speed: as 'fasa run --group-rerank' (ppl, passkey, ruler: default-gxR)\n"
-    "      --tail on|off|blocks  speed: as 'fasa run --tail' (ppl, passkey, ruler: default-notail,\n"
-    "                        default-tailb)\n"
+    "      --tail on|off|mean  speed: as 'fasa run --tail' (ppl, passkey, ruler: default-notail,\n"
+    "                        default-tailm)\n"
     "      --dense-budget N  speed: fasa-c's and fasa-m's dense layers as 'fasa run --dense-budget'\n"
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
@@ -222,7 +223,7 @@ static profile *bench_profile(const model *m, const char *model_path, const char
 static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
 static long group_rerank = -1; /* --group-rerank (speed) */
-static int tail = -1;          /* --tail on|off|blocks (speed) */
+static int tail = -1;          /* --tail on|off|mean (speed) */
 static int dense_budget = SESSION_DENSE_BUDGET; /* --dense-budget (speed) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 

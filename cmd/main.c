@@ -149,18 +149,17 @@ int parse_on_off(const char *flag, const char *s, int *out)
     return 0;
 }
 
+/* --tail: on (the default: values by block) and blocks 2, mean 1, off 0 (session_opts.tail) */
 int parse_tail(const char *s, int *out)
 {
-    if (!strcmp(s, "blocks")) {
-        *out = 2;
-        return 0;
-    }
-    if (strcmp(s, "on") && strcmp(s, "off")) {
-        die("--tail takes on, off or blocks, not '%s'", s);
-        return -1;
-    }
-    *out = !strcmp(s, "on");
-    return 0;
+    static const char *const names[] = { "off", "mean", "on", "blocks" };
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, names[i])) {
+            *out = i < 2 ? i : 2;
+            return 0;
+        }
+    die("--tail takes on, off, blocks or mean, not '%s'", s);
+    return -1;
 }
 
 /* Writes buf to path atomically (base.h); prints the error, returns 1. */

@@ -86,7 +86,7 @@ _fasa()
         --kv-type) COMPREPLY=( $(compgen -W "f16 f32" -- "$cur") ); return 0 ;;
         --device) COMPREPLY=( $(compgen -W "cpu cuda" -- "$cur") ); return 0 ;;
         --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
-        --tail) COMPREPLY=( $(compgen -W "on off blocks" -- "$cur") ); return 0 ;;
+        --tail) COMPREPLY=( $(compgen -W "on off mean blocks" -- "$cur") ); return 0 ;;
         --budget) COMPREPLY=( $(compgen -W "auto" -- "$cur") ); return 0 ;;
         --dense-budget) COMPREPLY=( $(compgen -W "0 4x" -- "$cur") ); return 0 ;;
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
@@ -136,7 +136,7 @@ _fasa()
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;
-        --tail) COMPREPLY=( $(compgen -W "on off blocks" -- "$cur") ); return 0 ;;
+        --tail) COMPREPLY=( $(compgen -W "on off mean blocks" -- "$cur") ); return 0 ;;
         --tip) COMPREPLY=( $(compgen -W "q4 group union" -- "$cur") ); return 0 ;;
         --ids) _fasa_files "$cur"; return 0 ;;
         --tasks)

@@ -184,8 +184,9 @@ void session_policy_opts(const model *m, const profile *prof, const session_opts
         po->auto_min = o->auto_min > 0 ? o->auto_min : SESSION_AUTO_MIN;
         if (o->n_recent < 0) po->n_recent = SESSION_AUTO_RECENT;
     }
-    po->tail = (o->tail < 0 ? SESSION_TAIL : o->tail) && session_tail_fits(o, po);
-    po->tail_blocks = po->tail && o->tail == 2;
+    const int tail = o->tail < 0 ? SESSION_TAIL : o->tail;
+    po->tail = tail && session_tail_fits(o, po);
+    po->tail_blocks = po->tail && tail == 2;
 }
 
 int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_m, policy *pol, kv_opts *kvo,
@@ -197,8 +198,8 @@ int session_fasa(model *m, const profile *prof, const session_opts *o, int fasa_
     if (c->n_layer < 64 && o->dense_mask >> c->n_layer)
         return fasa_error(err, FASA_EARG, "--dense: the model has %d layers", c->n_layer);
     if (o->tail >= 1 && !session_tail_fits(o, &po))
-        return fasa_error(err, FASA_EARG, "--tail on or blocks takes per-head selection and a fixed budget on the CPU: "
-                                          "not --group, --group-rerank, --budget auto or --device cuda");
+        return fasa_error(err, FASA_EARG, "--tail on, blocks or mean takes per-head selection and a fixed budget on "
+                                          "the CPU: not --group, --group-rerank, --budget auto or --device cuda");
     if (!po.tip_bits) {
         /* the f16 block layouts: the group's top F chunks (or the union of its heads' own) first
          * in every key, stored as their own block */

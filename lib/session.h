@@ -46,8 +46,10 @@ enum fasa_device { FASA_DEVICE_CPU, FASA_DEVICE_CUDA };
 #define SESSION_DENSE_BUDGET (-4)
 /* The rows left unchosen join as one estimate (the tail): chosen on the calibration text by KL to
  * full attention, then checked by RULER beside the default without it (docs/results.md, "The
- * unchosen rows as one estimate"); since 2026-11-28 */
-#define SESSION_TAIL 1
+ * unchosen rows as one estimate"); since 2026-11-28. Their values by block of 64 rows (2) rather
+ * than one mean (1): closer to full attention in all eight calibration cells (docs/results.md,
+ * "The tail's values by block"); since 2026-12-05 */
+#define SESSION_TAIL 2
 
 /* What the token importance predictor reads. */
 enum fasa_tip {
@@ -78,9 +80,9 @@ typedef struct session_opts {
     int group;                 /* one selection per KV head (TIP over the group's chunks) */
     enum fasa_tip tip;         /* what TIP reads (FASA_TIP_Q4) */
     int rerank;                /* > 1: TIP picks rerank times N - forced tokens, exact scores keep the best */
-    int tail;                  /* the rows left unchosen join as one estimate (policy_opts.tail): 1 on,
-                                * 2 on with their values by block (policy_opts.tail_blocks), 0 off,
-                                * -1 SESSION_TAIL; not with group, target_mass, group_rerank or
+    int tail;                  /* the rows left unchosen join as one estimate (policy_opts.tail): 2 on,
+                                * their values by block (policy_opts.tail_blocks), 1 on with one mean
+                                * value for all, 0 off, -1 SESSION_TAIL; not with group, target_mass, group_rerank or
                                 * the CUDA device (1 with them: an error; -1: off) */
     int group_rerank;          /* >= 1: TIP picks group_rerank times that per head, each head keeps the
                                 * best of its KV group's union by exact scores (policy_opts) */

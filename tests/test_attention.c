@@ -1242,21 +1242,25 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     policy pol;
     kv_opts ko = { 0 };
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
-    cr_expect(pol.o.tail == SESSION_TAIL && ko.value_sums == SESSION_TAIL, "the default's tail: %d", pol.o.tail);
+    cr_expect(pol.o.tail == 1 && pol.o.tail_blocks == (SESSION_TAIL == 2) && ko.value_sums,
+              "the default's tail: %d, by block %d", pol.o.tail, pol.o.tail_blocks);
     policy_free(&pol);
     so.group = 1, ko = (kv_opts){ 0 };
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
     cr_expect(!pol.o.tail && !ko.value_sums, "--group without --tail: no tail, no error");
     policy_free(&pol);
     so.group = 0;
+    /* bench's default-... is the session's tail (by block) unless -tailm asks for one mean or it is off */
     const char *names[] = { "default", "default-tail", "default-notail", "fasa-q4-tail", "fasa-q4", "default-a95",
-                            "default-gx1", "default-x2", "default-tails", "default-tailb", "default-tails-tailb" };
-    const int want[] = { SESSION_TAIL, 1, 0, 1, 0, 0, 0, SESSION_TAIL, 2, SESSION_TAIL, 2 };
-    for (int i = 0; i < 11; i++) {
+                            "default-gx1", "default-x2", "default-tails", "default-tailb", "default-tails-tailb",
+                            "default-tailm", "default-tails-tailm", "fasa-q4-tailm" };
+    const int want[] = { 1, 1, 0, 1, 0, 0, 0, 1, 2, 1, 2, 1, 2, 1 };
+    const int want_blocks[] = { 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0 };
+    for (int i = 0; i < 14; i++) {
         bench_policy bp;
         cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
         cr_expect_eq(bp.o.tail, want[i], "%s", names[i]);
-        cr_expect_eq(bp.o.tail_blocks, strstr(names[i], "-tailb") != NULL, "%s: tail_blocks %d", names[i],
+        cr_expect_eq(bp.o.tail_blocks, want_blocks[i] && SESSION_TAIL == 2, "%s: tail_blocks %d", names[i],
                      bp.o.tail_blocks);
         bp.o.prof = &e.p;
         cr_expect_eq(policy_init(&pol, e.m, &bp.o, err), 0, "%s: %s", names[i], err);   /* what it asks, it can run */
@@ -1264,7 +1268,7 @@ Test(attention, tail_routes_agree_and_near_full, .timeout = 60)
     }
     so.tail = 1;
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);
-    cr_expect(pol.o.tail && !pol.o.tail_blocks && ko.value_sums, "--tail on: the policy's tail and the cache's sums");
+    cr_expect(pol.o.tail && !pol.o.tail_blocks && ko.value_sums, "--tail mean: the policy's tail and the cache's sums");
     policy_free(&pol);
     so.tail = 2;
     cr_assert_eq(session_fasa(e.m, &e.p, &so, 0, &pol, &ko, err), 0, "%s", err);

@@ -28,8 +28,10 @@ Test(cli, usage_and_bad_flags)
     expect_one_line_error("run -m /nonexistent/m.gguf -n abc hi", "option '--n-predict' needs an integer");
     expect_one_line_error("run -m /nonexistent/m.gguf --dense-budget 0x hi", "option '--dense-budget' needs N tokens");
     expect_one_line_error("bench /nonexistent/m.gguf --task speed --dense-budget 4y", "not '4y'");
-    expect_one_line_error("run -m /nonexistent/m.gguf --tail maybe hi", "--tail takes on, off or blocks, not 'maybe'");
-    expect_one_line_error("bench /nonexistent/m.gguf --task speed --tail 1", "--tail takes on, off or blocks, not '1'");
+    expect_one_line_error("run -m /nonexistent/m.gguf --tail maybe hi",
+                          "--tail takes on, off, blocks or mean, not 'maybe'");
+    expect_one_line_error("bench /nonexistent/m.gguf --task speed --tail 1",
+                          "--tail takes on, off, blocks or mean, not '1'");
     expect_one_line_error("inspect /nonexistent/dir", "cannot open '/nonexistent/dir'");
     expect_one_line_error("bench /nonexistent/m.gguf --task ca", "cannot open '/nonexistent/m.gguf'");
     expect_one_line_error("calibrate /nonexistent/m.gguf", "cannot open");

@@ -25,7 +25,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail, -tails, -tailb, -notail) */
+         * -own, -tail, -tails, -tailb, -tailm, -notail) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -44,7 +44,10 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         for (const char *d = strstr(spec, "-d"); d; d = strstr(d + 1, "-d"))   /* -dN replaces the default's */
             if (d[2] >= '0' && d[2] <= '9') out->o.dense_budget = v.o.dense_budget;
         if (strstr(spec, "-nodense")) out->o.n_dense_layers = 0;
-        out->o.tail_blocks = v.o.tail_blocks;
+        /* the tail's values by block as the default has them, one mean for all with -tailm */
+        if (strstr(spec + 7, "-tailm")) out->o.tail_blocks = 0;
+        else if (v.o.tail_blocks) out->o.tail_blocks = 1;
+        out->o.tail_blocks = out->o.tail_blocks && out->o.tail;
         return 0;
     }
     const int nc = m->cfg.d_head / 2;
@@ -85,6 +88,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-tail")) tail = 1;   /* the unchosen rows as one estimate */
         else if (!strcmp(dash, "-tails")) tail = 2;   /* its offset from a sample of the unchosen rows */
         else if (!strcmp(dash, "-tailb")) tail_blocks = 1;   /* its values by block of 64 rows */
+        else if (!strcmp(dash, "-tailm")) tail = 1;   /* one mean value for all (default-tailm) */
         else if (!strcmp(dash, "-notail")) tail = 0;   /* without it (default-notail) */
         else if (dash[1] == 'a' && dash[2] >= '0' && dash[2] <= '9') {   /* -aPP: auto budget, mass PP % */
             char *end;
