@@ -82,8 +82,8 @@ typedef struct session_opts {
     int rerank;                /* > 1: TIP picks rerank times N - forced tokens, exact scores keep the best */
     int tail;                  /* the rows left unchosen join as one estimate (policy_opts.tail): 2 on,
                                 * their values by block (policy_opts.tail_blocks), 1 on with one mean
-                                * value for all, 0 off, -1 SESSION_TAIL; not with group, target_mass, group_rerank or
-                                * the CUDA device (1 with them: an error; -1: off) */
+                                * value for all, 0 off, -1 SESSION_TAIL; not with group, target_mass,
+                                * group_rerank or the CUDA device (1 or 2 with them: an error; -1: off) */
     int group_rerank;          /* >= 1: TIP picks group_rerank times that per head, each head keeps the
                                 * best of its KV group's union by exact scores (policy_opts) */
     int order_chunks;          /* full mode: order key dims by the profile as fasa-c does */
