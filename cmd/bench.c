@@ -72,6 +72,7 @@ static const char usage_text[] =
     "                        (a log); on a terminal one line is rewritten, flag or not\n"
     "      --tokens N        text tokens for ca (default 4096)\n"
     "      --per-layer       ca: also CA and attention mass held, layer by layer\n"
+    "      --heads           ca: also the attention mass held by each head (--json: every head)\n"
     "      --fill N          speed: tokens prefilled for real before the cache is tiled to depth\n"
     "                        (default 512; the deepest depth: no tiling, a real cache throughout)\n"
     "      --tip T           speed: what fasa-c and fasa-m's TIP reads, as 'fasa run --tip': q4\n"
@@ -193,12 +194,13 @@ static int write_csv(const char *path, const bench_row *r, int n)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return die("out of memory");
-    fprintf(f, "task,policy,budget,context,depth,value,layer,extra\n");
+    fprintf(f, "task,policy,budget,context,depth,value,layer,extra,head\n");
     for (int i = 0; i < n; i++) {
-        char layer[16] = "";   /* empty: all layers */
+        char layer[16] = "", head[16] = "";   /* empty: all layers, all heads */
         if (r[i].layer >= 0) snprintf(layer, sizeof layer, "%d", r[i].layer);
-        fprintf(f, "%s,%s,%d,%d,%g,%.6f,%s,%g\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
-                r[i].depth, r[i].value, layer, r[i].extra);
+        if (r[i].head >= 0) snprintf(head, sizeof head, "%d", r[i].head);
+        fprintf(f, "%s,%s,%d,%d,%g,%.6f,%s,%g,%s\n", r[i].task, r[i].policy, r[i].budget, r[i].context,
+                r[i].depth, r[i].value, layer, r[i].extra, head);
     }
     fclose(f);
     int rc = write_file_atomic(path, buf, len);
@@ -428,7 +430,7 @@ int cmd_bench(int argc, char **argv)
         { "rerank", required_argument, 0, 'x' },  { "show", no_argument, 0, 'o' },
         { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
         { "group-rerank", required_argument, 0, 'g' }, { "progress", no_argument, 0, 'r' },
-        { "tail", required_argument, 0, 'l' },
+        { "tail", required_argument, 0, 'l' },    { "heads", no_argument, 0, 'e' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -438,7 +440,7 @@ int cmd_bench(int argc, char **argv)
     const char *kv_cold = NULL;
     int kv_f16 = -1;   /* -1: the task's default */
     double bandwidth = 0;
-    int json = 0, per_layer = 0, tip = FASA_TIP_Q4, quick = 0, show = 0, c;
+    int json = 0, per_layer = 0, per_head = 0, tip = FASA_TIP_Q4, quick = 0, show = 0, c;
     long samples = 1, windows = 1, first_sample = 1;
     const char *task_list = NULL;
     optind = 1;
@@ -457,6 +459,7 @@ int cmd_bench(int argc, char **argv)
         case 'F': if (parse_int("--fcs", optarg, 1, 512, &fcs)) return EXIT_USAGE; break;
         case 'k': kv_cold = optarg; break;
         case 'L': per_layer = 1; break;
+        case 'e': per_head = 1; break;
         case 'H': tip = FASA_TIP_UNION; break;
         case 'I':
             if ((tip = fasa_tip_parse(optarg)) < 0)
@@ -520,6 +523,7 @@ int cmd_bench(int argc, char **argv)
     if (!ruler && (task_list || quick || show || samples != 1 || first_sample != 1))
         return die_usage("--tasks, --quick, --show, --samples and --first-sample are for --task ruler");
     if (windows != 1 && strcmp(task, "ppl")) return die_usage("--windows is for --task ppl");
+    if ((per_layer || per_head) && strcmp(task, "ca")) return die_usage("--per-layer and --heads are for --task ca");
     if (ruler && quick) {
         if (!policies) policies = "full,default,stream";
         if (!strcmp(budgets, "128,256,512,1024")) budgets = "1024";
@@ -529,6 +533,7 @@ int cmd_bench(int argc, char **argv)
     if (!strcmp(task, "ca") && kv_f16 == 1) return die_usage("--task ca reads f32 keys: drop --kv-type f16");
     bench_cfg cfg = { .steps = steps < 0 ? 256 : (int)steps, .seeds = ruler ? (int)samples : (int)seeds,
                       .kv_f16 = ruler ? kv_f16 != 0 : kv_f16 == 1, .per_layer = per_layer, .show = show,
+                      .per_head = per_head,
                       .windows = (int)windows, .first_sample = (int)first_sample };
     if ((cfg.n_budget = parse_ints("--budget", budgets, cfg.budgets, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
     if ((cfg.n_k = parse_ints("--k", ks, cfg.ks, BENCH_MAX, 1, 1 << 24)) < 0) return EXIT_USAGE;
@@ -606,6 +611,7 @@ int cmd_bench(int argc, char **argv)
                 cJSON_AddStringToObject(o, "method", rows[i].policy);
                 cJSON_AddNumberToObject(o, "k", rows[i].budget);
                 if (rows[i].layer >= 0) cJSON_AddNumberToObject(o, "layer", rows[i].layer);
+                if (rows[i].head >= 0) cJSON_AddNumberToObject(o, "head", rows[i].head);
                 cJSON_AddNumberToObject(o, rows[i].task, rows[i].value);   /* "ca" or "mass" */
             } else if (ruler) {   /* {"task","length","policy","budget","score","samples"} */
                 cJSON_AddStringToObject(o, "task", rows[i].task);
@@ -632,8 +638,8 @@ int cmd_bench(int argc, char **argv)
         free(s);
         cJSON_Delete(a);
     } else if (!strcmp(task, "ca")) {
-        /* rows: (layer -1, then each) x (ca, mass) x policy x K */
-        const int per = cfg.n_policy * cfg.n_k;
+        /* rows: (layer -1, then each) x (ca, mass) x policy x K, then (layer, head) x policy x K */
+        const int per = cfg.n_policy * cfg.n_k, L = per_layer ? m->cfg.n_layer : 0, H = m->cfg.n_head;
         int w = 14;   /* the widest policy name */
         for (int p = 0; p < cfg.n_policy; p++)
             w = (int)strlen(cfg.policies[p].name) > w ? (int)strlen(cfg.policies[p].name) : w;
@@ -652,13 +658,40 @@ int cmd_bench(int argc, char **argv)
                 printf("\n%s by layer at K = %d, %%\nlayer", what ? "attention mass held" : "compound CA", cfg.ks[b]);
                 for (int p = 0; p < cfg.n_policy; p++) printf(" %9.9s", cfg.policies[p].name);
                 printf("\n");
-                for (int l = 0; 2 * per * (l + 2) <= n_rows; l++) {
+                for (int l = 0; l < L; l++) {
                     printf("%5d", l);
                     for (int p = 0; p < cfg.n_policy; p++)
                         printf(" %9.1f", 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
                     printf("\n");
                 }
             }
+        /* the heads the first policy serves worst (beside the last policy, when there are two or
+         * more: the oracle named last gives each head's gap to the exact top K), each policy beside */
+        const bench_row *hr = rows + 2 * per * (1 + L);
+        const int nh = per_head ? m->cfg.n_layer * H : 0, show_n = nh < 12 ? nh : 12, last = cfg.n_policy - 1;
+        int *order = nh ? malloc(sizeof *order * nh) : NULL;
+        for (int b = 0; order && b < cfg.n_k; b++) {
+#define HEAD_KEY(i) (hr[(i) * per + b].value - (last ? hr[(i) * per + last * cfg.n_k + b].value : 0))
+            for (int i = 0; i < nh; i++) order[i] = i;
+            for (int i = 0; i < show_n; i++)   /* partial selection sort: the show_n lowest first */
+                for (int j = i + 1; j < nh; j++)
+                    if (HEAD_KEY(order[j]) < HEAD_KEY(order[i])) {
+                        int t = order[i];
+                        order[i] = order[j], order[j] = t;
+                    }
+#undef HEAD_KEY
+            printf("\nattention mass held at K = %d, the %d heads %s holds least%s%s, %%\nlayer.head", cfg.ks[b],
+                   show_n, cfg.policies[0].name, last ? " beside " : "", last ? cfg.policies[last].name : "");
+            for (int p = 0; p < cfg.n_policy; p++) printf(" %9.9s", cfg.policies[p].name);
+            printf("\n");
+            for (int i = 0; i < show_n; i++) {
+                printf("%7d.%-2d", order[i] / H, order[i] % H);
+                for (int p = 0; p < cfg.n_policy; p++)
+                    printf(" %9.1f", 100 * hr[order[i] * per + p * cfg.n_k + b].value);
+                printf("\n");
+            }
+        }
+        free(order);
     } else {
         int w = 14;   /* the widest policy name */
         for (int i = 0; i < n_rows; i++) w = (int)strlen(rows[i].policy) > w ? (int)strlen(rows[i].policy) : w;

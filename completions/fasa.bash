@@ -127,7 +127,7 @@ _fasa()
         ;;
     bench)
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
-              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --per-head --fill --csv --json --threads
+              --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --heads --per-head --fill --csv --json --threads
               --tip --samples --first-sample --windows --tasks --quick --show --progress --ids --rerank --target-mass
               --group-rerank --dense-budget --tail --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds

@@ -502,6 +502,47 @@ Test(attention, oracle_ca_bounds_every_policy, .timeout = 120)
     env_close(&e);
 }
 
+/* Per head: the oracle's top K holds the most probability in every head, and a layer's mass is
+ * the mean of its heads'. */
+Test(attention, ca_mass_per_head, .timeout = 120)
+{
+    env e;
+    env_open(&e, 44);
+    char err[FASA_ERRLEN];
+    bench_cfg cfg = { .steps = 24, .per_layer = 1, .per_head = 1 };
+    const char *names[] = { "stream", "fasa-1/8", "oracle" };
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &cfg.policies[cfg.n_policy++], err), 0, "%s", err);
+    cfg.n_k = 2;
+    cfg.ks[0] = 16, cfg.ks[1] = 64;
+    bench_row *rows = NULL;
+    int n = 0;
+    cr_assert_eq(bench_ca(e.m, e.ids, 200, &cfg, &rows, &n, err), 0, "%s", err);
+    const int L = e.m->cfg.n_layer, H = e.m->cfg.n_head, per = 3 * 2;
+    cr_assert_eq(n, 2 * per * (1 + L) + L * H * per);
+    const bench_row *hr = rows + 2 * per * (1 + L);
+    for (int l = 0; l < L; l++)
+        for (int p = 0; p < 3; p++)
+            for (int b = 0; b < 2; b++) {
+                double sum = 0;
+                for (int h = 0; h < H; h++) {
+                    const bench_row *r = &hr[(l * H + h) * per + p * 2 + b], *o = &hr[(l * H + h) * per + 2 * 2 + b];
+                    cr_expect_eq(r->layer, l);
+                    cr_expect_eq(r->head, h);
+                    cr_expect_str_eq(r->task, "mass");
+                    cr_expect_str_eq(r->policy, names[p]);
+                    cr_expect(r->value > 0 && r->value <= 1 + 1e-6, "%s %d.%d: %g", names[p], l, h, r->value);
+                    cr_expect_leq(r->value, o->value + 1e-9, "%s %d.%d at K=%d", names[p], l, h, cfg.ks[b]);
+                    sum += r->value;
+                }
+                const bench_row *lr = &rows[2 * per * (1 + l) + per + p * 2 + b];
+                cr_expect_eq(lr->head, -1);
+                cr_expect_float_eq(sum / H, lr->value, 1e-6, "%s layer %d K=%d", names[p], l, cfg.ks[b]);
+            }
+    free(rows);
+    env_close(&e);
+}
+
 /* The bytes a decode step reads, as the code counts them: with split keys, TIP streams t x 2F
  * floats once per KV head (its query heads score together) and focused attention reads N whole
  * key and value rows per query head; a dense layer reads t rows of keys and values per KV head. */

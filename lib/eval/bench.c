@@ -160,7 +160,8 @@ static int add_row(bench_row **rows, int *n, const char *task, const char *polic
     memset(x, 0, sizeof *x);
     snprintf(x->task, sizeof x->task, "%s", task);
     snprintf(x->policy, sizeof x->policy, "%s", policy);
-    x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth, x->layer = -1;
+    x->budget = budget, x->context = context, x->value = value, x->extra = extra, x->depth = depth;
+    x->layer = x->head = -1;
     x->kl = x->agree = -1;
     return 0;
 }
@@ -196,9 +197,9 @@ typedef struct ca_ctx {
     const bench_cfg *cfg;
     policy *pol;             /* (n_policy) */
     const attn_stats *st;
-    int n_prefill, n_ctx, n_threads, n_layer;
+    int n_prefill, n_ctx, n_threads, n_layer, n_head;
     uint64_t *hits, *den;    /* (n_threads, n_policy, n_k, n_layer) */
-    double *mass;            /* (n_threads, n_policy, n_k, n_layer): attention probability held */
+    double *mass;            /* (n_threads, n_policy, n_k, n_layer, n_head): attention probability held */
     uint64_t *queries;       /* (n_threads, n_layer): (query, head) pairs seen */
     float **full, **prob;
     uint8_t **bucket;
@@ -238,7 +239,7 @@ static void ca_query(void *vctx, const model *m, const run_state *s, int layer, 
             size_t at = (((size_t)tid * cfg->n_policy + p) * cfg->n_k + b) * c->n_layer + layer;
             c->hits[at] += inter;
             c->den[at] += k;
-            c->mass[at] += held;
+            c->mass[at * c->n_head + head] += held;
         }
     }
 }
@@ -256,13 +257,14 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
         run_state_free(s);
         return rc;
     }
-    const int L = m->cfg.n_layer;
-    ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads, .n_layer = L };
+    const int L = m->cfg.n_layer, H = m->cfg.n_head;
+    ca_ctx c = { .cfg = cfg, .st = &st, .n_prefill = n_prefill, .n_ctx = n, .n_threads = s->n_threads, .n_layer = L,
+                 .n_head = H };
     c.pol = calloc(cfg->n_policy, sizeof *c.pol);
     size_t nh = (size_t)c.n_threads * cfg->n_policy * cfg->n_k * L;
     c.hits = calloc(nh, sizeof *c.hits);
     c.den = calloc(nh, sizeof *c.den);
-    c.mass = calloc(nh, sizeof *c.mass);
+    c.mass = calloc(nh * H, sizeof *c.mass);
     c.queries = calloc((size_t)c.n_threads * L, sizeof *c.queries);
     c.full = calloc(c.n_threads, sizeof *c.full);
     c.prob = calloc(c.n_threads, sizeof *c.prob);
@@ -308,8 +310,8 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
                     for (int t = 0; t < c.n_threads; t++)
                         for (int l = lay < 0 ? 0 : lay; l < (lay < 0 ? L : lay + 1); l++) {
                             size_t at = (((size_t)t * cfg->n_policy + p) * cfg->n_k + b) * L + l;
-                            h += c.hits[at], dd += c.den[at], ms += c.mass[at];
-                            nq += c.queries[(size_t)t * L + l];
+                            h += c.hits[at], dd += c.den[at], nq += c.queries[(size_t)t * L + l];
+                            for (int hd = 0; hd < H; hd++) ms += c.mass[at * H + hd];
                         }
                     const double v = what ? (nq ? ms / nq : 0) : (dd ? (double)h / dd : 0);
                     if (add_row(rows, n_rows, what ? "mass" : "ca", cfg->policies[p].name, cfg->ks[b], n, v,
@@ -318,6 +320,25 @@ int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, be
                         goto out;
                     }
                     (*rows)[*n_rows - 1].layer = lay;
+                }
+    /* each head of each layer: its own mean, so the heads the predictor serves worst show */
+    for (int lay = 0; cfg->per_head && lay < L; lay++)
+        for (int hd = 0; hd < H; hd++)
+            for (int p = 0; p < cfg->n_policy; p++)
+                for (int b = 0; b < cfg->n_k; b++) {
+                    uint64_t nq = 0;
+                    double ms = 0;
+                    for (int t = 0; t < c.n_threads; t++) {
+                        size_t at = (((size_t)t * cfg->n_policy + p) * cfg->n_k + b) * L + lay;
+                        ms += c.mass[at * H + hd], nq += c.queries[(size_t)t * L + lay];
+                    }
+                    nq /= H;   /* queries[] counts (query, head) pairs: every head sees each query */
+                    if (add_row(rows, n_rows, "mass", cfg->policies[p].name, cfg->ks[b], n, nq ? ms / nq : 0, steps,
+                                -1) < 0) {
+                        rc = fasa_error(err, FASA_ENOMEM, "out of memory");
+                        goto out;
+                    }
+                    (*rows)[*n_rows - 1].layer = lay, (*rows)[*n_rows - 1].head = hd;
                 }
 out:
     for (int p = 0; c.pol && p < cfg->n_policy; p++) policy_free(&c.pol[p]);

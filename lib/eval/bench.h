@@ -37,6 +37,7 @@ typedef struct bench_cfg {
     int first_sample;                     /* ruler: the first sample's number (0: 1); samples first.. */
     int kv_f16;                           /* ppl, passkey: an f16 KV cache (ca reads f32 keys) */
     int per_layer;                        /* ca: also rows per layer */
+    int per_head;                         /* ca: also "mass" rows per (layer, query head) */
     int show;                             /* ruler: each sample's question, answers and outputs on stderr */
     void (*progress)(void *ctx, int done, int total);
     void *progress_ctx;
@@ -46,7 +47,8 @@ typedef struct bench_row {
     char task[24], policy[48];
     int budget, context;     /* for ca: budget = K, context = tokens */
     double depth;            /* passkey: where the key sits (0 = start, 1 = end); else -1 */
-    int layer;               /* ca per layer: the layer; else -1 */
+    int layer;               /* ca per layer or head: the layer; else -1 */
+    int head;                /* ca per head: the query head; else -1 */
     double value;            /* ca in [0,1]; ppl; passkey accuracy in [0,1] */
     double extra;            /* ppl: mean NLL; passkey: samples; ca: steps x layers x heads */
     double tokens;           /* ppl: mean tokens a sparse query attended to (0: dense) */
@@ -62,7 +64,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
 
 /* ca: rows "ca" (compound CA per policy and K, in that order, n_policy x n_k), then "mass" (the
  * share of full attention's probability the selected tokens hold, averaged over queries and
- * heads), then with per_layer "ca" and "mass" rows for each layer (layer >= 0). */
+ * heads), then with per_layer "ca" and "mass" rows for each layer (layer >= 0), then with per_head
+ * "mass" rows for each layer and query head (head >= 0), in that order, each n_policy x n_k. */
 int bench_ca(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows, char *err);
 int bench_ppl(const model *m, const int32_t *ids, int n, const bench_cfg *cfg, bench_row **rows, int *n_rows,
               char *err);
