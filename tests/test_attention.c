@@ -1134,6 +1134,21 @@ Test(attention, default_tip_covers_the_group_copy)
         cr_assert_eq(bench_policy_parse(names[i], e.m, &e.p, &bp, err), 0, "%s", err);
         cr_expect_eq(bp.o.tip_union, want[i], "%s", names[i]);
     }
+    /* default:F is the default with F chunks, as `fasa run --fcs F`; the rest as the default's */
+    bench_policy d, df;
+    cr_assert_eq(bench_policy_parse("default", e.m, &e.p, &d, err), 0, "%s", err);
+    const int f = d.o.fcs > 1 ? d.o.fcs - 1 : 2;
+    char spec[32];
+    snprintf(spec, sizeof spec, "default:%d", f);
+    cr_assert_eq(bench_policy_parse(spec, e.m, &e.p, &df, err), 0, "%s", err);
+    cr_expect_eq(df.o.fcs, f, "%s gave F = %d", spec, df.o.fcs);
+    cr_expect(df.o.kind == d.o.kind && df.o.tip_bits == d.o.tip_bits && df.o.tip_union == d.o.tip_union &&
+              df.o.tail == d.o.tail && df.o.tail_blocks == d.o.tail_blocks && df.o.n_sink == d.o.n_sink &&
+              df.o.n_recent == d.o.n_recent && df.o.n_dense_layers == d.o.n_dense_layers &&
+              df.o.dense_budget == d.o.dense_budget && df.o.prof == d.o.prof, "%s changes more than F", spec);
+    cr_expect_lt(bench_policy_parse("default:0", e.m, &e.p, &df, err), 0, "default:0 accepted");
+    cr_expect(strstr(err, "'default:0'") != NULL, "the error names another spec: %s", err);
+    cr_expect_lt(bench_policy_parse("default:x", e.m, &e.p, &df, err), 0, "default:x accepted");
     env_close(&e);
 }
 

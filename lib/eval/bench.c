@@ -19,18 +19,26 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     snprintf(base, sizeof base, "%s", spec);
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", spec);
-    if (!strncmp(spec, "default", 7) && (!spec[7] || spec[7] == '-')) {   /* what `fasa run` selects without flags */
+    /* default: what `fasa run` selects without flags */
+    if (!strncmp(spec, "default", 7) && (!spec[7] || spec[7] == '-' || spec[7] == ':')) {
         if (!prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
         /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail, -tails, -tailb, -tailm, -notail) */
+         * -own, -tail, -tails, -tailb, -tailm, -notail); default:F with F chunks (as `fasa run --fcs F`) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
         int rc = bench_policy_parse(alt, m, prof, &v, err);
-        if (rc < 0) return rc;
+        if (rc < 0) {   /* name the spec as given, not its fasa twin */
+            char why[FASA_ERRLEN];
+            snprintf(why, sizeof why, "%s", err);
+            char *at = strstr(why, alt);
+            if (at) *at = 0, snprintf(err, FASA_ERRLEN, "%s%s%s", why, spec, at + strlen(alt));
+            return rc;
+        }
+        if (strchr(spec, ':')) out->o.fcs = v.o.fcs;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
         if (v.o.rerank) out->o.rerank = v.o.rerank;
