@@ -641,9 +641,10 @@ int cmd_bench(int argc, char **argv)
     } else if (!strcmp(task, "ca")) {
         /* rows: (layer -1, then each) x (ca, mass) x policy x K, then (layer, head) x policy x K */
         const int per = cfg.n_policy * cfg.n_k, L = per_layer ? m->cfg.n_layer : 0, H = m->cfg.n_head;
-        int w = 14;   /* the widest policy name */
+        int cw = 9;   /* the widest policy name, at least 9: the by-layer and by-head columns */
         for (int p = 0; p < cfg.n_policy; p++)
-            w = (int)strlen(cfg.policies[p].name) > w ? (int)strlen(cfg.policies[p].name) : w;
+            cw = (int)strlen(cfg.policies[p].name) > cw ? (int)strlen(cfg.policies[p].name) : cw;
+        const int w = cw > 14 ? cw : 14;
         for (int what = 0; what < 2; what++) {
             printf("%s%-*s", what ? "\nattention mass held, %\n" : "compound CA, %\n", w, "method \\ K");
             for (int b = 0; b < cfg.n_k; b++) printf(" %7d", cfg.ks[b]);
@@ -657,12 +658,12 @@ int cmd_bench(int argc, char **argv)
         for (int b = 0; per_layer && b < cfg.n_k; b++)
             for (int what = 0; what < 2; what++) {
                 printf("\n%s by layer at K = %d, %%\nlayer", what ? "attention mass held" : "compound CA", cfg.ks[b]);
-                for (int p = 0; p < cfg.n_policy; p++) printf(" %9.9s", cfg.policies[p].name);
+                for (int p = 0; p < cfg.n_policy; p++) printf(" %*s", cw, cfg.policies[p].name);
                 printf("\n");
                 for (int l = 0; l < L; l++) {
                     printf("%5d", l);
                     for (int p = 0; p < cfg.n_policy; p++)
-                        printf(" %9.1f", 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
+                        printf(" %*.1f", cw, 100 * rows[2 * per * (l + 1) + what * per + p * cfg.n_k + b].value);
                     printf("\n");
                 }
             }
@@ -683,12 +684,12 @@ int cmd_bench(int argc, char **argv)
 #undef HEAD_KEY
             printf("\nattention mass held at K = %d, the %d heads %s holds least%s%s, %%\nlayer.head", cfg.ks[b],
                    show_n, cfg.policies[0].name, last ? " beside " : "", last ? cfg.policies[last].name : "");
-            for (int p = 0; p < cfg.n_policy; p++) printf(" %9.9s", cfg.policies[p].name);
+            for (int p = 0; p < cfg.n_policy; p++) printf(" %*s", cw, cfg.policies[p].name);
             printf("\n");
             for (int i = 0; i < show_n; i++) {
                 printf("%7d.%-2d", order[i] / H, order[i] % H);
                 for (int p = 0; p < cfg.n_policy; p++)
-                    printf(" %9.1f", 100 * hr[order[i] * per + p * cfg.n_k + b].value);
+                    printf(" %*.1f", cw, 100 * hr[order[i] * per + p * cfg.n_k + b].value);
                 printf("\n");
             }
         }
