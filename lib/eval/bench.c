@@ -13,7 +13,9 @@
 #include "session.h"
 #include "topk.h"
 
-int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
+/* spec as parsed; shown as errors name it (a default-VARIANT's fasa twin is parsed under the name given) */
+static int parse_policy(const char *spec, const char *shown, const model *m, const profile *prof, bench_policy *out,
+                        char *err)
 {
     char base[48];
     snprintf(base, sizeof base, "%s", spec);
@@ -21,7 +23,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     snprintf(out->name, sizeof out->name, "%s", spec);
     /* default: what `fasa run` selects without flags */
     if (!strncmp(spec, "default", 7) && (!spec[7] || spec[7] == '-' || spec[7] == ':')) {
-        if (!prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
+        if (!prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", shown);
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
@@ -30,14 +32,8 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
-        int rc = bench_policy_parse(alt, m, prof, &v, err);
-        if (rc < 0) {   /* name the spec as given, not its fasa twin */
-            char why[FASA_ERRLEN];
-            snprintf(why, sizeof why, "%s", err);
-            char *at = strstr(why, alt);
-            if (at) *at = 0, snprintf(err, FASA_ERRLEN, "%s%s%s", why, spec, at + strlen(alt));
-            return rc;
-        }
+        int rc = parse_policy(alt, spec, m, prof, &v, err);
+        if (rc < 0) return rc;
         if (strchr(spec, ':')) out->o.fcs = v.o.fcs;
         out->o.auto_mass = v.o.auto_mass, out->o.auto_min = v.o.auto_min;
         out->o.n_recent = v.o.n_recent, out->o.n_sink = v.o.n_sink;
@@ -67,7 +63,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     char *at = strchr(base, '@');   /* @L.L.L: these layers dense too */
     if (at) {
         if (policy_parse_layers(at + 1, '.', &mask) < 0 || (m->cfg.n_layer < 64 && mask >> m->cfg.n_layer))
-            return fasa_error(err, FASA_EARG, "policy '%s': @ takes layers 0..%d separated by dots", spec,
+            return fasa_error(err, FASA_EARG, "policy '%s': @ takes layers 0..%d separated by dots", shown,
                               (m->cfg.n_layer < 64 ? m->cfg.n_layer : 64) - 1);
         *at = 0;
     }
@@ -75,7 +71,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     if (colon) {
         char *end;
         long f = strtol(colon + 1, &end, 10);
-        if (*end || f < 1 || f > nc) return fasa_error(err, FASA_EARG, "policy '%s': F must be 1..%d", spec, nc);
+        if (*end || f < 1 || f > nc) return fasa_error(err, FASA_EARG, "policy '%s': F must be 1..%d", shown, nc);
         fcs = (int)f;
         *colon = 0;
     }
@@ -88,7 +84,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if (!strcmp(dash, "-nodense")) dense = 0;
         else if (dash[1] == 'd' && dash[2] >= '0' && dash[2] <= '9') {   /* -dN, -dKx: the dense layers' budget */
             if (policy_parse_dense_budget(dash + 2, &dense_budget) < 0)
-                return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
+                return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", shown, dash);
         }
         else if (!strcmp(dash, "-q4")) tip_bits = 4;
         else if (!strcmp(dash, "-u")) tip_union = 1;   /* with the copy: every head its group's union */
@@ -102,7 +98,7 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
             char *end;
             const double v = strtod(dash + 2, &end);
             if (*end || v <= 0 || v >= 100)
-                return fasa_error(err, FASA_EARG, "policy '%s': -aP takes 0 < P < 100", spec);
+                return fasa_error(err, FASA_EARG, "policy '%s': -aP takes 0 < P < 100", shown);
             auto_mass = (float)(v / 100);
         }
         else if (!strncmp(dash, "-min", 4) && dash[4] >= '0' && dash[4] <= '9') auto_min = atoi(dash + 4);
@@ -112,16 +108,16 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
             const long v = strtol(dash + 2, &end, 10);
-            if (*end || v > 1 << 20) return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", spec, dash);
+            if (*end || v > 1 << 20) return fasa_error(err, FASA_EARG, "policy '%s': bad count in '%s'", shown, dash);
             *(dash[1] == 's' ? &sink : &recent) = (int)v;
         }
-        else return fasa_error(err, FASA_EARG, "unknown policy variant '%s' in '%s'", dash, spec);
+        else return fasa_error(err, FASA_EARG, "unknown policy variant '%s' in '%s'", dash, shown);
         *dash = 0;
     }
     enum policy_kind k;
     if (policy_parse(base, &k) < 0)
         return fasa_error(err, FASA_EARG,
-                          "unknown policy '%s' (full, fasa, oracle, stream, snapkv, h2o, quest, random)", spec);
+                          "unknown policy '%s' (full, fasa, oracle, stream, snapkv, h2o, quest, random)", shown);
     out->o = policy_defaults(k, m, 1);
     out->o.fcs = fcs < 1 ? 1 : fcs;
     out->o.group = group;
@@ -140,8 +136,13 @@ int bench_policy_parse(const char *spec, const model *m, const profile *prof, be
     if (sink >= 0) out->o.n_sink = sink;
     if (recent >= 0) out->o.n_recent = recent;
     out->o.prof = prof;
-    if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", spec);
+    if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", shown);
     return 0;
+}
+
+int bench_policy_parse(const char *spec, const model *m, const profile *prof, bench_policy *out, char *err)
+{
+    return parse_policy(spec, spec, m, prof, out, err);
 }
 
 /* The statistics the listed policies read: the prefill keeps no others (H2O's and SnapKV's add
