@@ -395,9 +395,11 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         if (wrc) { cJSON_Delete(a); goto out; }
     }
     cJSON_Delete(a);
-    fprintf(stderr, "fasa: bench speed: %d rows in %.1f s on %d threads (medians of %d runs of %d tokens; %s KV cache: "
-            "%d prefilled tokens tiled to depth%s%s; roofline against %.1f GB/s%s)\n", n_rows, fasa_now() - pc.t0,
-            omp_get_max_threads(), cfg.repeats, cfg.steps, kv_type_name(cfg.kv_f16), speed_fill(&cfg),
+    const int nt = omp_get_max_threads();
+    fprintf(stderr, "fasa: bench speed: %d row%s in %.1f s on %d thread%s (medians of %d runs of %d tokens; "
+            "%s KV cache: %d prefilled tokens tiled to depth%s%s; roofline against %.1f GB/s%s)\n",
+            n_rows, fasa_plural(n_rows), fasa_now() - pc.t0, nt, fasa_plural(nt), cfg.repeats, cfg.steps,
+            kv_type_name(cfg.kv_f16), speed_fill(&cfg),
             cfg.tip ? "; fasa: --tip " : "", cfg.tip ? fasa_tip_name(cfg.tip) : "", n_rows ? rows[0].bandwidth : 0,
             cfg.bandwidth > 0 ? ", given" : ", a read sweep measured in this run");
     status = 0;
@@ -715,7 +717,9 @@ int cmd_bench(int argc, char **argv)
             printf(fid ? " %9s %8s\n" : "\n", kl, agree);
         }
     }
-    fprintf(stderr, "fasa: bench %s: %d rows in %.1f s on %d threads\n", task, n_rows, secs, omp_get_max_threads());
+    const int nt = omp_get_max_threads();
+    fprintf(stderr, "fasa: bench %s: %d row%s in %.1f s on %d thread%s\n", task, n_rows, fasa_plural(n_rows), secs, nt,
+            fasa_plural(nt));
     if (csv && write_csv(csv, rows, n_rows)) goto out;
     status = 0;
 out:

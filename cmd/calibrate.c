@@ -154,9 +154,9 @@ int cmd_calibrate(int argc, char **argv)
         for (int h = 0; h < p.n_head; h++)
             mean_top += profile_ca(&p, ki, l, h)[profile_rank(&p, l, h)[0]];
     mean_top /= p.n_layer * p.n_head;
-    fprintf(stderr, "fasa: calibrated %d tokens (%d prefill + %d steps) in %.1f s on %d threads; "
+    fprintf(stderr, "fasa: calibrated %d tokens (%d prefill + %d steps) in %.1f s on %d thread%s; "
             "best chunk's CA@%d averages %.3f; wrote '%s'\n", n, p.n_prefill, p.n_steps, secs,
-            omp_get_max_threads(), p.rank_k, mean_top, out);
+            omp_get_max_threads(), fasa_plural(omp_get_max_threads()), p.rank_k, mean_top, out);
     if (json)
         printf("{\"profile\": \"%s\", \"n_tokens\": %d, \"n_prefill\": %d, \"n_steps\": %d, \"seconds\": %.3f, "
                "\"threads\": %d, \"mean_best_chunk_ca\": %.6f}\n", out, n, p.n_prefill, p.n_steps, secs,

@@ -403,9 +403,9 @@ int cmd_run(int argc, char **argv)
     const double gbs = n_steps ? (n_steps * (double)m->weight_bytes + kv_bytes) / t_decode / 1e9 : 0;
     const kvcache *kv = &ss->s->kv;
     fprintf(stderr, "fasa: load %.2f s | prefill %d tokens, %.1f tok/s | decode %d tokens, %.1f tok/s, %.2f GB/s "
-            "(weights %.1f MB + KV %.2f MB per token) | %d threads | %s KV | %s\n", t_load, n_prompt, pre_tps, n_steps,
+            "(weights %.1f MB + KV %.2f MB per token) | %d thread%s | %s KV | %s\n", t_load, n_prompt, pre_tps, n_steps,
             dec_tps, gbs, m->weight_bytes / 1e6, n_steps ? kv_bytes / n_steps / 1e6 : 0, omp_get_max_threads(),
-            kv_type_name(kv->f16), ss->note);
+            fasa_plural(omp_get_max_threads()), kv_type_name(kv->f16), ss->note);
     if (kv->cold)
         fprintf(stderr, "fasa: KV cache of %d tokens: %.2f MB resident (dominant key block), %.2f MB in the cold tier, "
                 "of %.2f MB\n", ss->s->n_past, kvcache_resident_bytes(kv, ss->s->n_past) / 1e6,

@@ -41,6 +41,8 @@ int fasa_error(char *err, int status, const char *fmt, ...)
 
 /* Monotonic wall-clock seconds. */
 double fasa_now(void);
+/* "s" after a count other than one, for messages: "%d thread%s", n, fasa_plural(n). */
+static inline const char *fasa_plural(long n) { return n == 1 ? "" : "s"; }
 
 /* The whole file at path, malloc'ed and NUL-terminated (*len excludes the NUL; len may be
  * NULL). Files over max_len bytes (0: no limit) are refused as FASA_EFORMAT. */

@@ -262,8 +262,8 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
         snprintf(wide, sizeof wide, " attending to %d tokens", policy_dense_budget(po));
     snprintf(ss->note, sizeof ss->note,
              "%s (profile '%s', budget %s with %d sink%s and %d recent, F %d of %d chunks, %d dense layer%s%s%s%s; %s)",
-             fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, po->n_sink == 1 ? "" : "s", recent,
-             po->fcs, c->d_head / 2, po->n_dense_layers, po->n_dense_layers == 1 ? "" : "s", dense, wide,
+             fasa_mode_name(ss->mode), ss->profile_path, budget, po->n_sink, fasa_plural(po->n_sink), recent,
+             po->fcs, c->d_head / 2, po->n_dense_layers, fasa_plural(po->n_dense_layers), dense, wide,
              o->group ? ", per-KV-head selection" : "", tip);
     if (po->rerank > 1 || po->group_rerank > 0)
         snprintf(ss->note + strlen(ss->note) - 1, sizeof ss->note - strlen(ss->note) + 1, "; %s %dx)",
