@@ -12,8 +12,9 @@
  *     saturation: at most 63 * 127 * 2) then vpdpwssd with the sub-block scales (int16 per
  *     pair), so a super-block's sum of 256 products stays in int32 lanes with no per-sub-block
  *     float work; Q4_K/Q5_K's mins and Q6_K's -32 go through the block sums of x. One kernel
- *     (a tile of 4 rows by T tokens) serves decode (T = 1) and prefill (T up to 4): a 4-row
- *     tile's weights are unpacked once per super-block for its T tokens.
+ *     (a tile of 4 rows by T tokens) serves decode (T = 1): a 4-row tile's weights are unpacked
+ *     once per super-block for its T tokens; prefill unpacks rows once per token tile into the
+ *     same vectors and runs the same arithmetic over them (ku_tile), bit for bit.
  * Every other type the formats read runs the generic path: rows dequantised by gguf_dequant,
  * f32 dot products and tiles. */
 #include "quant.h"
@@ -664,13 +665,99 @@ static const int32_t QUAD_IDX[16] __attribute__((aligned(64))) = { 0, 0, 0, 0, 1
 
 #define LOAD512(p) _mm512_load_si512((const void *)(p))
 
+/* Q4_K/Q5_K super-block b as the tiles read it: its 256 values as bytes in four vectors (x's qp
+ * order), its scales spread over the int16 pairs of those vectors, and its eight mins (bytes). */
+static inline __attribute__((always_inline)) void k45_vec512(const uint8_t *b, const int q5, __m512i q[4],
+                                                             __m512i s[4], uint64_t *mn)
+{
+    const size_t qso = q5 ? 48 : 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(16);
+    uint64_t sc;
+    k_scales(b + 4, &sc, mn);
+    const __m512i S = _mm512_set1_epi64((long long)sc);
+    const __m512i v0 = _mm512_loadu_si512((const void *)(b + qso));
+    const __m512i v1 = _mm512_loadu_si512((const void *)(b + qso + 64));
+    q[0] = _mm512_and_si512(v0, m4);
+    q[1] = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4);
+    q[2] = _mm512_and_si512(v1, m4);
+    q[3] = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4);
+    if (q5) {
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm512_mask_add_epi8(q[k], _mm512_test_epi8_mask(h, LOAD512(K5_BITS[k])), q[k], c16);
+    }
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(S, LOAD512(K4_SCALE_SHUF[k]));
+}
+
+/* Q6_K super-block b as its tile reads it: values as bytes (0..63) in four vectors (x's q order),
+ * its sixteen scales spread over their int16 pairs, and -32 times the scales (int16). */
+static inline __attribute__((always_inline)) void k6_vec512(const uint8_t *b, __m512i q[4], __m512i s[4],
+                                                            __m256i *nsc)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = LOAD512(K6_SHL), shr = LOAD512(K6_SHR);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    const __m512i S = _mm512_castsi256_si512(sc16);
+    *nsc = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * h));
+        const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+        /* a | (b & c): 0xF8 */
+        q[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_sllv_epi64(hb, shl), m30, 0xF8);
+        q[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                                 _mm512_srlv_epi64(hb, shr), m30, 0xF8);
+    }
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(LOAD512(K6_SCALE_IDX[k]), S);
+}
+
+/* One row's super-block and T tokens into acc[t] (Q4_K/Q5_K: x's qp order; Q6_K: q order and
+ * the -32 of every value against x's 16-sums), as every K-type tile does it. */
+static inline __attribute__((always_inline)) void k_row512(__m512 *acc, const __m512i q[4], const __m512i s[4],
+                                                           const __m256i *nsc, const xq8 *x, int64_t i,
+                                                           const float ddx[][4], int r, const int T)
+{
+    const int64_t cols = x->cols;
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const int8_t *xq = (nsc ? x->q : x->qp) + t * cols + 256 * i;
+        __m512i ia = _mm512_setzero_si512();
+        if (nsc) {
+            const __m256i s16 = _mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i));
+            ia = dpwssd512(ia, _mm512_zextsi256_si512(*nsc), _mm512_zextsi256_si512(s16));
+        }
+        #pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))), s[k]);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[t]);
+    }
+}
+
+/* The four rows' mins (bytes) times x's 32-sums and dmin, into accm[t]: row r in quad r. */
+static inline __attribute__((always_inline)) void k_mins512(__m512 *accm, const uint64_t mn[4], __m128 dmin,
+                                                            const xq8 *x, int64_t i, const int T)
+{
+    const int64_t cols = x->cols, nb = cols / 256;
+    const __m512i M = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)mn[3], (long long)mn[2],
+                                                             (long long)mn[1], (long long)mn[0]));
+    const __m512 dmq = _mm512_permutexvar_ps(_mm512_load_si512(QUAD_IDX), _mm512_castps128_ps512(dmin));
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const __m512i s32 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
+        accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(M, s32)),
+                                  _mm512_mul_ps(dmq, _mm512_set1_ps(x->d[t * nb + i])), accm[t]);
+    }
+}
+
 static inline __attribute__((always_inline)) void
 q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, const int T, int64_t cols,
           size_t ahead, const int q5)
 {
     const int64_t nb = cols / 256;
-    const size_t bb = q5 ? 176 : 144, qso = q5 ? 48 : 16;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(16);
+    const size_t bb = q5 ? 176 : 144;
     __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
@@ -689,45 +776,11 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
         uint64_t mn[4];
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const uint8_t *b = w[r] + off;
-            uint64_t sc;
-            k_scales(b + 4, &sc, &mn[r]);
-            const __m512i S = _mm512_set1_epi64((long long)sc);
-            const __m512i v0 = _mm512_loadu_si512((const void *)(b + qso));
-            const __m512i v1 = _mm512_loadu_si512((const void *)(b + qso + 64));
-            __m512i q[4] = { _mm512_and_si512(v0, m4), _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4),
-                             _mm512_and_si512(v1, m4), _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4) };
-            if (q5) {
-                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
-                #pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    q[k] = _mm512_mask_add_epi8(q[k], _mm512_test_epi8_mask(h, LOAD512(K5_BITS[k])), q[k], c16);
-            }
-            __m512i s[4];
-            #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(S, LOAD512(K4_SCALE_SHUF[k]));
-            #pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = x->qp + t * cols + 256 * i;
-                __m512i ia = _mm512_setzero_si512();
-                #pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))),
-                                   s[k]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
-            }
+            __m512i q[4], s[4];
+            k45_vec512(w[r] + off, q5, q, s, &mn[r]);
+            k_row512(acc[r], q, s, NULL, x, i, ddx, r, T);
         }
-        /* mins: row r's eight as int16 lanes 8 r .. 8 r + 7, times x's 32-sums, into quad r */
-        const __m512i M = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)mn[3], (long long)mn[2],
-                                                                 (long long)mn[1], (long long)mn[0]));
-        const __m512 dmq = _mm512_permutexvar_ps(_mm512_load_si512(QUAD_IDX), _mm512_castps128_ps512(dmin));
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const __m512i s32 =
-                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x->s32 + t * cols / 32 + 8 * i)));
-            accm[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(M, s32)),
-                                      _mm512_mul_ps(dmq, _mm512_set1_ps(x->d[t * nb + i])), accm[t]);
-        }
+        k_mins512(accm, mn, dmin, x, i, T);
     }
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
@@ -740,8 +793,6 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
          size_t ahead)
 {
     const int64_t nb = cols / 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl = LOAD512(K6_SHL), shr = LOAD512(K6_SHR);
     __m512 acc[4][QUANT_TILE_T];
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
@@ -756,42 +807,133 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
         for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const uint8_t *b = w[r] + off;
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-            const __m512i S = _mm512_castsi256_si512(sc16);
-            /* -32 sc per sub-block, against x's 16-sums: the -32 of every value */
-            const __m512i nsc =
-                _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
-            __m512i q[4];
-            #pragma GCC unroll 4
-            for (int h = 0; h < 2; h++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(b + 64 * h));
-                const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
-                /* a | (b & c): 0xF8 */
-                q[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), _mm512_sllv_epi64(hb, shl), m30, 0xF8);
-                q[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                                         _mm512_srlv_epi64(hb, shr), m30, 0xF8);
-            }
-            __m512i s[4];
-            #pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(LOAD512(K6_SCALE_IDX[k]), S);
-            #pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = x->q + t * cols + 256 * i;
-                __m512i ia = dpwssd512(
-                    _mm512_setzero_si512(), nsc,
-                    _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x->s16 + t * cols / 16 + 16 * i))));
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    ia = dpwssd512(ia, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512((const void *)(xq + 64 * k))),
-                                   s[k]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(ddx[t][r]), acc[r][t]);
-            }
+            __m512i q[4], s[4];
+            __m256i nsc;
+            k6_vec512(w[r] + off, q, s, &nsc);
+            k_row512(acc[r], q, s, &nsc, x, i, ddx, r, T);
         }
     }
     #pragma GCC unroll 4
     for (int t = 0; t < T; t++) tile_store(y, ldy, t, nr, hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
+
+/* ---- prefill over unpacked rows (AVX-512) ----------------------------------------------------
+ *
+ * The tiles above build each row's vectors again for every T (<= 4) tokens: the nibbles
+ * unpacked, the scales spread, Q5_K's and Q6_K's high bits merged. In prefill a token tile of a
+ * few hundred tokens reads the same rows, so here four rows are unpacked once per token tile into
+ * KU_BLOCK bytes a super-block, exactly the vectors the tiles build, and the tile reads them back:
+ *   [0, 256)    the four value vectors (k45_vec512, k6_vec512);
+ *   [256, 512)  the four scale vectors;
+ *   [512, 544)  Q4_K/Q5_K: the eight mins (bytes); Q6_K: -32 times the sixteen scales (int16);
+ *   [544, 552)  d and (Q4_K/Q5_K) dmin, f32.
+ * The same instructions then run on the same values in the same order, so every result is bit
+ * for bit the tile's, and the decode's (tests/test_quant.c checks a batch's last token). */
+#define KU_BLOCK 576
+
+static void ku_q45k(const uint8_t *b, uint8_t *u, int64_t nb, const int q5)
+{
+    const size_t bb = q5 ? 176 : 144;
+    for (int64_t i = 0; i < nb; i++, b += bb, u += KU_BLOCK) {
+        __m512i q[4], s[4];
+        uint64_t mn;
+        k45_vec512(b, q5, q, s, &mn);
+        for (int k = 0; k < 4; k++) {
+            _mm512_store_si512((void *)(u + 64 * k), q[k]);
+            _mm512_store_si512((void *)(u + 256 + 64 * k), s[k]);
+        }
+        memcpy(u + 512, &mn, 8);
+        const float d = f16_scalar(b), dmin = f16_scalar(b + 2);
+        memcpy(u + 544, &d, 4);
+        memcpy(u + 548, &dmin, 4);
+    }
+}
+static void ku_q4_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 0); }
+static void ku_q5_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 1); }
+
+static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 210, u += KU_BLOCK) {
+        __m512i q[4], s[4];
+        __m256i nsc;
+        k6_vec512(b, q, s, &nsc);
+        for (int k = 0; k < 4; k++) {
+            _mm512_store_si512((void *)(u + 64 * k), q[k]);
+            _mm512_store_si512((void *)(u + 256 + 64 * k), s[k]);
+        }
+        _mm256_store_si256((__m256i *)(u + 512), nsc);
+        const float d = f16_scalar(b + 208);
+        memcpy(u + 544, &d, 4);
+    }
+}
+
+static inline float ku_f32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Four unpacked rows (row r at u + r ub; rows nr..3 repeat row 0) by T tokens, as the tiles. */
+static inline __attribute__((always_inline)) void
+ku_tile(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x, const int T, int64_t cols,
+        const int q6)
+{
+    const int64_t nb = cols / 256;
+    const uint8_t *ur[4] = { u, u + ub * (nr > 1), u + ub * (nr > 2 ? 2 : 0), u + ub * (nr > 3 ? 3 : 0) };
+    __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        accm[t] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t off = (size_t)i * KU_BLOCK;
+        const __m128 d = _mm_setr_ps(ku_f32(ur[0] + off + 544), ku_f32(ur[1] + off + 544), ku_f32(ur[2] + off + 544),
+                                     ku_f32(ur[3] + off + 544));
+        float ddx[QUANT_TILE_T][4];
+        #pragma GCC unroll 4
+        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = ur[r] + off;
+            const __m512i q[4] = { LOAD512(b), LOAD512(b + 64), LOAD512(b + 128), LOAD512(b + 192) };
+            const __m512i s[4] = { LOAD512(b + 256), LOAD512(b + 320), LOAD512(b + 384), LOAD512(b + 448) };
+            const __m256i nsc = _mm256_load_si256((const __m256i *)(b + 512));
+            k_row512(acc[r], q, s, q6 ? &nsc : NULL, x, i, ddx, r, T);
+        }
+        if (!q6) {
+            uint64_t mn[4];
+            for (int r = 0; r < 4; r++) memcpy(&mn[r], ur[r] + off + 512, 8);
+            const __m128 dmin = _mm_setr_ps(ku_f32(ur[0] + off + 548), ku_f32(ur[1] + off + 548),
+                                            ku_f32(ur[2] + off + 548), ku_f32(ur[3] + off + 548));
+            k_mins512(accm, mn, dmin, x, i, T);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        __m128 v = hsum4x512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+        if (!q6) v = _mm_sub_ps(v, hsum_quads512(accm[t]));
+        tile_store(y, ldy, t, nr, v);
+    }
+}
+
+#define KU_FN(name, q6)                                                                             \
+    static void name(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x, int T, \
+                     int64_t cols)                                                                  \
+    {                                                                                               \
+        switch (T) {                                                                                \
+        case 1: ku_tile(y, ldy, u, ub, nr, x, 1, cols, q6); return;                                 \
+        case 2: ku_tile(y, ldy, u, ub, nr, x, 2, cols, q6); return;                                 \
+        case 3: ku_tile(y, ldy, u, ub, nr, x, 3, cols, q6); return;                                 \
+        default: ku_tile(y, ldy, u, ub, nr, x, 4, cols, q6); return;                                \
+        }                                                                                           \
+    }
+KU_FN(ku_tile_q45k, 0)
+KU_FN(ku_tile_q6k, 1)
+#undef KU_FN
+#define KU(f) f
 #undef LOAD512
 
 #else /* AVX2 */
@@ -1086,14 +1228,15 @@ ku_tile(float *y, size_t ldy, const uint8_t *u, const xq8 *x, const int T, int64
 }
 
 #define KU_FN(name, q6)                                                                             \
-    static void name(float *y, size_t ldy, const uint8_t *u, const xq8 *x, int T, int64_t cols)    \
+    static void name(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x, int T, \
+                     int64_t cols)                                                                  \
     {                                                                                               \
-        switch (T) {                                                                                \
-        case 1: ku_tile(y, ldy, u, x, 1, cols, q6); return;                                         \
-        case 2: ku_tile(y, ldy, u, x, 2, cols, q6); return;                                         \
-        case 3: ku_tile(y, ldy, u, x, 3, cols, q6); return;                                         \
-        default: ku_tile(y, ldy, u, x, 4, cols, q6); return;                                        \
-        }                                                                                           \
+        for (int r = 0; r < nr; r++, u += ub, y++) switch (T) {                                    \
+            case 1: ku_tile(y, ldy, u, x, 1, cols, q6); break;                                      \
+            case 2: ku_tile(y, ldy, u, x, 2, cols, q6); break;                                      \
+            case 3: ku_tile(y, ldy, u, x, 3, cols, q6); break;                                      \
+            default: ku_tile(y, ldy, u, x, 4, cols, q6); break;                                     \
+            }                                                                                       \
     }
 KU_FN(ku_tile_q45k, 0)
 KU_FN(ku_tile_q6k, 1)
@@ -1333,7 +1476,7 @@ static void row_bf16(const uint8_t *b, float *y, int64_t n)
 #else
 #define K(f) NULL
 #endif /* OPS_AVX2 */
-#ifndef KU   /* no unpacked prefill: AVX-512, or no AVX2 */
+#ifndef KU   /* no unpacked prefill: no AVX2 */
 #define KU(f) NULL
 #define KU_BLOCK 0
 #endif
@@ -1401,9 +1544,9 @@ void weight_row(const weight *w, int64_t r, float *out)
  * block at a time, unpacked in registers and multiplied into x with no row buffer, four rows at
  * a time so that x's block is loaded once for the four.
  *
- * Prefill (n > 1) is bound by arithmetic. K types: tiles of 4 rows by up to 4 tokens of int8 x
- * (the decode kernel with T tokens), over token tiles whose x fits in L2; without AVX-512, rows
- * unpacked once per token tile and 4 tokens at a time over each (ku_tile). Other types: four
+ * Prefill (n > 1) is bound by arithmetic. K types: over token tiles whose int8 x fits in L2,
+ * four rows at a time are unpacked once per token tile into the vectors the decode tiles build,
+ * and read 4 tokens at a time (ku_tile: the decode tile's arithmetic, bit for bit). Other types: four
  * weight rows are dequantised to f32 (in L1) and multiplied against three tokens at a time with
  * the twelve partial sums in ymm registers (tile_4xT); tokens go in tiles whose x rows fit in
  * L2, so each weight row is dequantised once per tile rather than once per token.
@@ -1439,10 +1582,9 @@ void weight_row(const weight *w, int64_t r, float *out)
 #define MV_AHEAD_TILE 8192
 #endif
 
-/* Prefill tokens per K-type tile call (1 to QUANT_TILE_T), in AVX-512 builds: without AVX-512
- * the K types prefill over unpacked rows (ku_tile), 4 tokens at a time. */
+/* Prefill tokens per K-type unpacked tile call (1 to QUANT_TILE_T). */
 #ifndef MM_TILE_T
-#define MM_TILE_T 3
+#define MM_TILE_T QUANT_TILE_T
 #endif
 
 #ifdef OPS_AVX2
@@ -1505,10 +1647,10 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
         xq8 x;
         if (q->all) x = quant_xq8_at(q->all, t0);
         else quant_xq8(&x, q->x + (size_t)t0 * cols, cols, len, q->buf, 0);
-        /* without AVX-512: four rows unpacked after x, then each group of 4 tokens over them */
+        /* four rows unpacked after x, then each group of QUANT_TILE_T tokens over them */
         uint8_t *u = q->buf + ALIGN64(quant_xq8_bytes(cols, tile));
         const size_t ub = (size_t)(cols / 256) * KU_BLOCK;
-        const int tt = k->utile ? 4 : MM_TILE_T;
+        const int tt = MM_TILE_T;
         for (int64_t r = r0; r < r1; r += 4) {
             const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
             const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r;
@@ -1519,8 +1661,7 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
                 const int T = len - t < tt ? len - t : tt;
                 const xq8 xt = quant_xq8_at(&x, t);
                 float *yt = y + (size_t)(t0 + t) * rows + r;
-                if (k->utile)
-                    for (int i = 0; i < nr; i++) k->utile(yt + i, (size_t)rows, u + ub * i, &xt, T, cols);
+                if (k->utile) k->utile(yt, (size_t)rows, u, ub, nr, &xt, T, cols);
                 else k->tile(yt, (size_t)rows, ws, nr, &xt, T, cols, 0);
             }
         }

@@ -62,10 +62,11 @@ typedef struct quant_kernels {
     /* the scalar twin of the integer kernels: one row and one token, the same rounded x (xq16 or
      * xq8), plain C; NULL for the f32 types */
     float (*dot_ref)(const uint8_t *b, const void *x, int64_t cols);
-    /* prefill without AVX-512 (K types): a row of nb super-blocks unpacked once into bytes and
-     * spread scales (KU_BLOCK bytes a super-block, quant.c), then T <= 4 tokens of it: y[t ldy] */
+    /* prefill (K types): a row of nb super-blocks unpacked once into the vectors the tiles build
+     * (KU_BLOCK bytes a super-block, quant.c), then rows u + r ub (r < nr) by T <= QUANT_TILE_T
+     * tokens of x: y[t ldy + r], bit for bit the tile's */
     void (*unpack)(const uint8_t *b, uint8_t *u, int64_t nb);
-    void (*utile)(float *y, size_t ldy, const uint8_t *u, const xq8 *x, int T, int64_t cols);
+    void (*utile)(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x, int T, int64_t cols);
 } quant_kernels;
 
 /* The table row of a type; a row whose dot1 and tile are NULL runs the generic path (rows
