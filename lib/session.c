@@ -250,7 +250,7 @@ static int fasa_setup(session *ss, const char *model_path, kv_opts *kvo, char *e
                  po->block == 2 ? "TIP: each head's own chunks, in an f16 block of its group's union"
                  : kvo->n_split ? "TIP: the group's top chunks, an f16 block"
                                 : "TIP gathers each head's dims");
-    const int recent = po->n_recent < 0 ? po->budget / 2 : po->n_recent;
+    const int recent = policy_recent(po, po->budget);
     char budget[96];
     if (po->auto_mass > 0)
         snprintf(budget, sizeof budget, "auto: %.0f%% of the estimated mass, %d to %d tokens", 100 * po->auto_mass,

@@ -1152,6 +1152,31 @@ Test(attention, default_tip_covers_the_group_copy)
     env_close(&e);
 }
 
+/* The recent window: half the budget by default; -rN and auto budgets as they say. */
+Test(attention, recent_window_by_budget)
+{
+    env e;
+    env_open(&e, 45);
+    char err[FASA_ERRLEN];
+    const policy_opts o = policy_defaults(POLICY_FASA, e.m, 256);
+    cr_expect_eq(policy_recent(&o, 256), 128);
+    cr_expect_eq(policy_recent(&o, 20), 10);
+    int lo, hi;
+    cr_expect_eq(policy_forced(&o, 5000, 1024, &lo, &hi), 1);
+    cr_expect(lo == 4 && hi == 5000 - 512, "forced [0, %d) and [%d, 5000)", lo, hi);
+    struct { const char *spec; int budget, want; } cases[] = {
+        { "default", 1024, 512 }, { "default-r32", 1024, 32 }, { "default-r0", 1024, 0 },
+        { "fasa-r16", 256, 16 },  { "default-a95-min100", 1024, 50 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bench_policy bp;
+        cr_assert_eq(bench_policy_parse(cases[i].spec, e.m, &e.p, &bp, err), 0, "%s: %s", cases[i].spec, err);
+        cr_expect_eq(policy_recent(&bp.o, cases[i].budget), cases[i].want, "%s at %d: %d recent", cases[i].spec,
+                     cases[i].budget, policy_recent(&bp.o, cases[i].budget));
+    }
+    env_close(&e);
+}
+
 /* `-u` (policy_opts.tip_union): a head's TIP query covers every dim of its group's copy, where
  * without it only its own F chunks' dims are set (the others zero); its own dims hold the same
  * values either way. */

@@ -138,6 +138,10 @@ typedef struct policy_scratch {
  * 0 when they do not (everything is ranked together, the forced tokens first). */
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 
+/* fasa's recent window under a budget: n_recent when >= 0, else half the budget (auto budgets:
+ * auto_min / 2). */
+int policy_recent(const policy_opts *o, int budget);
+
 /* The budget that sets itself: how many of [lo, hi) the fewest tokens whose estimated attention
  * mass reaches P need beside the forced ones [0, lo) and [hi, t), from S[0..t), TIP's scores of
  * every token (they stand for the logits, times scale = 1/sqrt(d)). Their indices, ascending,

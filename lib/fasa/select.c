@@ -385,9 +385,14 @@ static int group_picks(const policy *p, const run_state *s, int layer, int head,
     return u > want ? policy_rerank(&s->kv, layer, g, q_tok + (size_t)head * d, idx, u, want, sc->rr, sc->sel) : u;
 }
 
+int policy_recent(const policy_opts *o, int budget)
+{
+    return o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
+}
+
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
 {
-    const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
+    const int recent = policy_recent(o, budget);
     *lo = o->n_sink < t ? o->n_sink : t;
     *hi = t - recent > *lo ? t - recent : *lo;
     return *lo + (t - *hi) < budget;
@@ -500,7 +505,7 @@ int policy_select(const policy *p, const run_state *s, const attn_stats *st, int
         if (budget >= t) return -1;
     }
     const int room = policy_forced(o, t, budget, &lo, &hi);
-    const int recent = o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
+    const int recent = policy_recent(o, budget);
     if (o->kind != POLICY_STREAM && room) {
         const int want = budget - lo - (t - hi);
         const int rr = o->kind == POLICY_FASA && o->rerank > 1 ? o->rerank : 1;
