@@ -820,8 +820,8 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
 /* ---- prefill over unpacked rows (AVX-512) ----------------------------------------------------
  *
  * The tiles above build each row's vectors again for every T (<= 4) tokens: the nibbles
- * unpacked, the scales spread, Q5_K's and Q6_K's high bits merged. In prefill a token tile of a
- * few hundred tokens reads the same rows, so here four rows are unpacked once per token tile into
+ * unpacked, the scales spread, Q5_K's and Q6_K's high bits merged. In prefill a token tile (a
+ * batch, 64 tokens) reads the same rows, so here four rows are unpacked once per token tile into
  * KU_BLOCK bytes a super-block, exactly the vectors the tiles build, and the tile reads them back:
  *   [0, 256)    the four value vectors (k45_vec512, k6_vec512);
  *   [256, 512)  the four scale vectors;
