@@ -603,6 +603,13 @@ static inline void tile_store(float *y, size_t ldy, int t, int nr, __m128 v)
     }
 }
 
+/* An unpacked super-block's d and dmin (prefill over unpacked rows: KU_BLOCK below). */
+static inline void ku_put_d(uint8_t *u, float d, float dmin)
+{
+    memcpy(u + 544, &d, 4);
+    memcpy(u + 548, &dmin, 4);
+}
+
 #ifdef QUANT_AVX512
 static inline __m512i dpwssd512(__m512i acc, __m512i a, __m512i b)
 {
@@ -714,6 +721,24 @@ static inline __attribute__((always_inline)) void k6_vec512(const uint8_t *b, __
     for (int k = 0; k < 4; k++) s[k] = _mm512_permutexvar_epi16(LOAD512(K6_SCALE_IDX[k]), S);
 }
 
+/* A tile's sums, zero (accm: the mins', when not NULL). */
+static inline __attribute__((always_inline)) void k_zero512(__m512 acc[4][QUANT_TILE_T], __m512 *accm, const int T)
+{
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        if (accm) accm[t] = _mm512_setzero_ps();
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
+    }
+}
+
+/* The four rows' d times each token's step: ddx[t][r]. */
+static inline __attribute__((always_inline)) void k_ddx(float ddx[][4], __m128 d, const xq8 *x, int64_t i, const int T)
+{
+    #pragma GCC unroll 4
+    for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * (x->cols / 256) + i])));
+}
+
 /* One row's super-block and T tokens into acc[t] (Q4_K/Q5_K: x's qp order; Q6_K: q order and
  * the -32 of every value against x's 16-sums), as every K-type tile does it. */
 static inline __attribute__((always_inline)) void k_row512(__m512 *acc, const __m512i q[4], const __m512i s[4],
@@ -759,20 +784,14 @@ q45k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x,
     const int64_t nb = cols / 256;
     const size_t bb = q5 ? 176 : 144;
     __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
-    #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        accm[t] = _mm512_setzero_ps();
-        #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
-    }
+    k_zero512(acc, accm, T);
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * bb;
         tile_prefetch(w, ahead, off, bb);
         __m128 dmin;
         const __m128 d = k_dm4(w, off, &dmin);
         float ddx[QUANT_TILE_T][4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        k_ddx(ddx, d, x, i, T);
         uint64_t mn[4];
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
@@ -794,17 +813,13 @@ q6k_tile(float *y, size_t ldy, const uint8_t *const w[4], int nr, const xq8 *x, 
 {
     const int64_t nb = cols / 256;
     __m512 acc[4][QUANT_TILE_T];
-    #pragma GCC unroll 4
-    for (int t = 0; t < T; t++)
-        #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
+    k_zero512(acc, NULL, T);
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * 210;
         tile_prefetch(w, ahead, off, 210);
         const __m128 d = f16x4(w[0] + off + 208, w[1] + off + 208, w[2] + off + 208, w[3] + off + 208);
         float ddx[QUANT_TILE_T][4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        k_ddx(ddx, d, x, i, T);
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             __m512i q[4], s[4];
@@ -843,13 +858,9 @@ static void ku_q45k(const uint8_t *b, uint8_t *u, int64_t nb, const int q5)
             _mm512_store_si512((void *)(u + 256 + 64 * k), s[k]);
         }
         memcpy(u + 512, &mn, 8);
-        const float d = f16_scalar(b), dmin = f16_scalar(b + 2);
-        memcpy(u + 544, &d, 4);
-        memcpy(u + 548, &dmin, 4);
+        ku_put_d(u, f16_scalar(b), f16_scalar(b + 2));
     }
 }
-static void ku_q4_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 0); }
-static void ku_q5_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 1); }
 
 static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
 {
@@ -862,8 +873,7 @@ static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
             _mm512_store_si512((void *)(u + 256 + 64 * k), s[k]);
         }
         _mm256_store_si256((__m256i *)(u + 512), nsc);
-        const float d = f16_scalar(b + 208);
-        memcpy(u + 544, &d, 4);
+        ku_put_d(u, f16_scalar(b + 208), 0);
     }
 }
 
@@ -882,19 +892,13 @@ ku_tile(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x,
     const int64_t nb = cols / 256;
     const uint8_t *ur[4] = { u, u + ub * (nr > 1), u + ub * (nr > 2 ? 2 : 0), u + ub * (nr > 3 ? 3 : 0) };
     __m512 acc[4][QUANT_TILE_T], accm[QUANT_TILE_T];
-    #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) {
-        accm[t] = _mm512_setzero_ps();
-        #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) acc[r][t] = _mm512_setzero_ps();
-    }
+    k_zero512(acc, accm, T);
     for (int64_t i = 0; i < nb; i++) {
         const size_t off = (size_t)i * KU_BLOCK;
         const __m128 d = _mm_setr_ps(ku_f32(ur[0] + off + 544), ku_f32(ur[1] + off + 544), ku_f32(ur[2] + off + 544),
                                      ku_f32(ur[3] + off + 544));
         float ddx[QUANT_TILE_T][4];
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) _mm_storeu_ps(ddx[t], _mm_mul_ps(d, _mm_set1_ps(x->d[t * nb + i])));
+        k_ddx(ddx, d, x, i, T);
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = ur[r] + off;
@@ -1149,13 +1153,9 @@ static void ku_q45k(const uint8_t *b, uint8_t *u, int64_t nb, const int q5)
             m[j] = (int16_t)(mn >> 8 * j & 0xFF);
         }
         memcpy(u + 512, m, sizeof m);
-        const float d = f16_scalar(b), dmin = f16_scalar(b + 2);
-        memcpy(u + 544, &d, 4);
-        memcpy(u + 548, &dmin, 4);
+        ku_put_d(u, f16_scalar(b), f16_scalar(b + 2));
     }
 }
-static void ku_q4_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 0); }
-static void ku_q5_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 1); }
 
 static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
 {
@@ -1173,9 +1173,7 @@ static void ku_q6_k(const uint8_t *b, uint8_t *u, int64_t nb)
         }
         for (int j = 0; j < 16; j++) nsc[j] = (int16_t)(-32 * sc[j]);
         memcpy(u + 512, nsc, sizeof nsc);
-        const float d = f16_scalar(b + 208), zero = 0;
-        memcpy(u + 544, &d, 4);
-        memcpy(u + 548, &zero, 4);
+        ku_put_d(u, f16_scalar(b + 208), 0);
     }
 }
 
@@ -1244,6 +1242,10 @@ KU_FN(ku_tile_q6k, 1)
 #define KU(f) f
 #undef LOAD256
 #endif /* QUANT_AVX512 */
+#ifdef KU
+static void ku_q4_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 0); }
+static void ku_q5_k(const uint8_t *b, uint8_t *u, int64_t nb) { ku_q45k(b, u, nb, 1); }
+#endif
 
 /* The tiles by T (a constant in each instance). */
 #define TILE_FN(name, CALL)                                                                         \
