@@ -904,7 +904,7 @@ ku_tile(float *y, size_t ldy, const uint8_t *u, size_t ub, int nr, const xq8 *x,
             const uint8_t *b = ur[r] + off;
             const __m512i q[4] = { LOAD512(b), LOAD512(b + 64), LOAD512(b + 128), LOAD512(b + 192) };
             const __m512i s[4] = { LOAD512(b + 256), LOAD512(b + 320), LOAD512(b + 384), LOAD512(b + 448) };
-            const __m256i nsc = _mm256_load_si256((const __m256i *)(b + 512));
+            const __m256i nsc = q6 ? _mm256_load_si256((const __m256i *)(b + 512)) : _mm256_setzero_si256();
             k_row512(acc[r], q, s, q6 ? &nsc : NULL, x, i, ddx, r, T);
         }
         if (!q6) {
@@ -1656,15 +1656,11 @@ static void matmul_tiles_q8k(float *y, const weight *w, const quant_kernels *k, 
         for (int64_t r = r0; r < r1; r += 4) {
             const int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
             const uint8_t *b = (const uint8_t *)w->data + rb * (size_t)r;
-            const uint8_t *ws[4] = { b, b + rb * (nr > 1), b + rb * (nr > 2 ? 2 : 0), b + rb * (nr > 3 ? 3 : 0) };
-            if (k->utile)
-                for (int i = 0; i < nr; i++) k->unpack(ws[i], u + ub * i, cols / 256);
+            for (int i = 0; i < nr; i++) k->unpack(b + rb * i, u + ub * i, cols / 256);
             for (int t = 0; t < len; t += tt) {
                 const int T = len - t < tt ? len - t : tt;
                 const xq8 xt = quant_xq8_at(&x, t);
-                float *yt = y + (size_t)(t0 + t) * rows + r;
-                if (k->utile) k->utile(yt, (size_t)rows, u, ub, nr, &xt, T, cols);
-                else k->tile(yt, (size_t)rows, ws, nr, &xt, T, cols, 0);
+                k->utile(y + (size_t)(t0 + t) * rows + r, (size_t)rows, u, ub, nr, &xt, T, cols);
             }
         }
     }
@@ -1757,7 +1753,7 @@ int quant_wants_xq8(const weight *w, int n)
 {
 #ifdef OPS_AVX2
     const quant_kernels *k = quant_kernels_of(w->type);
-    return n > 1 && k && k->tile && !__atomic_load_n(&exact, __ATOMIC_RELAXED);
+    return n > 1 && k && k->utile && !__atomic_load_n(&exact, __ATOMIC_RELAXED);
 #else
     return 0;
 #endif
@@ -1781,7 +1777,7 @@ void quant_rows(float *y, const weight *w, int64_t r0, int64_t r1, quant_x *q)
         matvec_rows(y, w, k, r0, r1, q);
         return;
     }
-    if (k && q->n > 1 && k->tile) {
+    if (k && q->n > 1 && k->utile) {
         matmul_tiles_q8k(y, w, k, r0, r1, q);
         return;
     }

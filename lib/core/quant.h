@@ -55,7 +55,7 @@ typedef struct quant_kernels {
     /* decode: y[0..3] = rows b, b + rb, b + 2 rb, b + 3 rb dotted with x (xq16 or x itself) */
     void (*dot4)(float *y, const uint8_t *b, size_t rb, const void *x, int64_t cols);
     float (*dot1)(const uint8_t *b, const void *x, int64_t cols);
-    /* Q8K types: decode and prefill in one kernel (T = 1 for decode), in place of dot4/dot1 */
+    /* Q8K types: decode (T = 1), in place of dot4/dot1; prefill reads the same vectors unpacked (utile) */
     quant_tile_fn tile;
     /* n values from a block boundary to f32; NULL: formats/gguf's scalar gguf_dequant */
     void (*row)(const uint8_t *b, float *y, int64_t n);
