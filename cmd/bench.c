@@ -84,6 +84,8 @@ static const char usage_text[] =
     "      --tail on|off|mean  speed: as 'fasa run --tail' (ppl, passkey, ruler: default-notail,\n"
     "                        default-tailm)\n"
     "      --dense-budget N  speed: fasa-c's and fasa-m's dense layers as 'fasa run --dense-budget'\n"
+    "      --recent N        speed: fasa-c's and fasa-m's recent window as 'fasa run --recent' (ppl,\n"
+    "                        passkey, ruler: default-rN)\n"
     "      --target-mass P   speed, with --budget auto: the share of the estimated attention mass kept\n"
     "                        (default 0.95; ppl and passkey take it in the policy, default-aPP)\n"
     "      --steps M         decode steps (default 256)\n"
@@ -227,6 +229,7 @@ static const char *ids_file;   /* --ids: token ids instead of TEXT */
 static long rerank = -1;       /* --rerank (speed) */
 static long group_rerank = -1; /* --group-rerank (speed) */
 static int tail = -1;          /* --tail on|off|mean (speed) */
+static long recent = -1;       /* --recent (speed) */
 static int dense_budget = SESSION_DENSE_BUDGET; /* --dense-budget (speed) */
 static double target_mass;     /* --target-mass (speed, with --budget auto) */
 
@@ -263,6 +266,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
     cfg.rerank = (int)rerank;
     cfg.group_rerank = (int)group_rerank;
     cfg.tail = tail;
+    cfg.recent = (int)recent;
     cfg.dense_budget = dense_budget;
     cfg.steps = steps, cfg.repeats = repeats, cfg.fcs = fcs, cfg.bandwidth = bandwidth;
     cfg.cold_dir = kv_cold ? kv_cold : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -320,6 +324,7 @@ static int bench_speed_main(const char *model_path, char **texts, int n_texts, c
         if (w->fcs) cJSON_AddStringToObject(o, "tip", fasa_tip_name(cfg.tip));
         if (w->fcs) cJSON_AddNumberToObject(o, "tip_bytes_per_key", w->tip_bytes);
         if (w->fcs) cJSON_AddNumberToObject(o, "attended", w->attended);
+        if (w->fcs) cJSON_AddNumberToObject(o, "recent", w->recent);
         if (w->fcs && cfg.target_mass > 0) cJSON_AddNumberToObject(o, "target_mass", cfg.target_mass);
         cJSON_AddStringToObject(o, "kv_type", kv_type_name(w->kv_f16));
         cJSON_AddNumberToObject(o, "context", w->depth);
@@ -434,6 +439,7 @@ int cmd_bench(int argc, char **argv)
         { "target-mass", required_argument, 0, 'm' }, { "dense-budget", required_argument, 0, 'd' },
         { "group-rerank", required_argument, 0, 'g' }, { "progress", no_argument, 0, 'r' },
         { "tail", required_argument, 0, 'l' },    { "heads", no_argument, 0, 'e' },
+        { "recent", required_argument, 0, 'n' },
         { 0, 0, 0, 0 },
     };
     const char *prof_path = NULL, *task = NULL, *policies = NULL, *csv = NULL;
@@ -471,6 +477,7 @@ int cmd_bench(int argc, char **argv)
         case 'f': if (parse_int("--fill", optarg, 1, 1 << 22, &fill)) return EXIT_USAGE; break;
         case 'x': if (parse_int("--rerank", optarg, 0, 64, &rerank)) return EXIT_USAGE; break;
         case 'l': if (parse_tail(optarg, &tail)) return EXIT_USAGE; break;
+        case 'n': if (parse_int("--recent", optarg, 0, 1 << 24, &recent)) return EXIT_USAGE; break;
         case 'g': if (parse_int("--group-rerank", optarg, 0, 64, &group_rerank)) return EXIT_USAGE; break;
         case 'd': if (parse_dense_budget(optarg, &dense_budget)) return EXIT_USAGE; break;
         case 'm':

@@ -129,10 +129,10 @@ _fasa()
         opts="--profile --task --policy --budget --k --context --tokens --steps --depths --seeds
               --repeats --fcs --kv-cold --kv-type --bandwidth --per-layer --heads --per-head --fill --csv --json --threads
               --tip --samples --first-sample --windows --tasks --quick --show --progress --ids --rerank --target-mass
-              --group-rerank --dense-budget --tail --help"
+              --group-rerank --dense-budget --tail --recent --help"
         argopts="-p --profile --task --policy --budget --k --context --tokens --steps --depths --seeds
                  --repeats --fcs --kv-cold --kv-type --bandwidth --fill --csv -t --threads --tip --samples --tasks --ids --rerank --target-mass
-                 --dense-budget --group-rerank --first-sample --windows --tail"
+                 --dense-budget --group-rerank --first-sample --windows --tail --recent"
         case $prev in
         -p|--profile) _fasa_profiles "$cur"; return 0 ;;
         --task) COMPREPLY=( $(compgen -W "ca ppl passkey ruler speed" -- "$cur") ); return 0 ;;

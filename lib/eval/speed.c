@@ -41,6 +41,7 @@ speed_cfg speed_defaults(void)
     c.rerank = -1;
     c.group_rerank = -1;
     c.tail = -1;
+    c.recent = -1;
     c.dense_budget = SESSION_DENSE_BUDGET;
     return c;
 }
@@ -147,6 +148,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
     if (cfg->rerank >= 0) so.rerank = cfg->rerank;
     if (cfg->group_rerank >= 0) so.group_rerank = cfg->group_rerank;
     if (cfg->tail >= 0) so.tail = cfg->tail;
+    if (cfg->recent >= 0) so.n_recent = cfg->recent;
     so.dense_budget = cfg->dense_budget;
     if (fasa) {
         if (!prof) return fasa_error(err, FASA_EARG, "fasa-c and fasa-m need a profile (fasa calibrate MODEL)");
@@ -234,6 +236,7 @@ int bench_speed(model *m, const profile *prof, const int32_t *ids, int n_ids, co
             if (w->fcs) {
                 w->tip_bytes = s->kv.tip_width ? kvcache_tip_bytes(&s->kv) : s->kv.n_split * kvcache_esz(&s->kv);
                 w->attended = policy_selected(&u[pi].pol, NULL);
+                w->recent = policy_recent(&u[pi].pol.o, cfg->budget);
             }
             w->decode_tok_s = median(tps + pi * R, R);
             w->attn_ms = median(attn + pi * R, R);

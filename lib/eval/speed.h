@@ -34,6 +34,7 @@ typedef struct speed_cfg {
     int rerank;                   /* fasa: session_opts.rerank (-1: the default) */
     int group_rerank;             /* fasa: session_opts.group_rerank (-1: the default) */
     int tail;                     /* fasa: session_opts.tail (-1: the default) */
+    int recent;                   /* fasa: session_opts.n_recent (-1: the default) */
     int dense_budget;             /* fasa: session_opts.dense_budget (SESSION_DENSE_BUDGET) */
     double bandwidth;             /* GB/s of the machine's memory, for the roofline fraction (0: measured
                                    * in the run, speed_read_bandwidth) */
@@ -47,6 +48,7 @@ typedef struct speed_row {
     double tip_bytes;             /* fasa: bytes per key and KV head TIP reads (the copy: a mean; or the block) */
     double attended;              /* fasa: tokens attended per query and head where it selects, mean
                                    * over the steps (the budget, or what auto chose) */
+    int recent;                   /* fasa: the recent window it always attends (policy_recent) */
     int kv_f16;
     double decode_tok_s;          /* median over repeats */
     double attn_ms;               /* attention per token (median) */
