@@ -28,6 +28,7 @@ import sys
 import llama_cpp
 assert llama_cpp.__version__ == sys.argv[1], (llama_cpp.__version__, sys.argv[1])
 info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+assert "AMX_INT8 = 1" not in info, "built with AMX (below): build again"
 print("llama_cpp", llama_cpp.__version__, "|", info)
 PY
 }
@@ -64,6 +65,12 @@ export CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON 
 -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF \
 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF \
 -DCMAKE_BUILD_TYPE=Release"
+# Without AMX: ggml's AMX matrix product, which -march=native compiles in on a CPU that has it,
+# crashed (SIGSEGV in ggml_backend_amx_mul_mat, the first prompt) on an Intel Xeon with AMX on
+# 2026-12-07, and the AMD EPYCs this project measures on have none. GCC keeps explicit -mno-
+# switches over -march=native, so these hold whatever ggml's CMake adds.
+export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 export CMAKE_BUILD_PARALLEL_LEVEL="${FASA_LLAMACPP_JOBS:-$(nproc)}"
 export FORCE_CMAKE=1
 
@@ -72,6 +79,8 @@ CONS="$(mktemp)"
 trap 'rm -f "$CONS"' EXIT
 printf 'numpy<2\n' >"$CONS"
 
+# a build that failed the check above (another version, or with AMX) goes first: pip would keep it
+"$VENV/bin/python" -m pip uninstall -y -q llama-cpp-python >/dev/null 2>&1 || true
 log "building $PKG from source (CPU, native; about 13 minutes on two busy cores)"
 start=$(date +%s)
 "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-cache-dir \
