@@ -344,6 +344,56 @@ Test(cli, real_model_ruler_first_sample, .timeout = 600)
     expect_one_line_error(args, "--first-sample");
 }
 
+/* scripts/ruler-runs.sh, with a stand-in for bin/fasa that writes a task's row and counts its
+ * calls: one run per length, sample and task, named so; a second call runs none of them again; a
+ * run that fails leaves no file and stops with one line, its own last one after the run's name,
+ * exit 2; bad samples are one line. */
+Test(cli, ruler_runs_resume)
+{
+    if (system("python3 -c '' >/dev/null 2>&1") != 0) cr_skip_test("ruler_runs_resume: python3 not installed");
+    char *dir = tmpdir_make(), p[600], cmd[2048], *out, *err;
+    snprintf(p, sizeof p, "%s/fasa", dir);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fprintf(f, "#!/bin/sh\necho x >> %s/calls\n", dir);
+    fputs("while [ $# -gt 0 ]; do case $1 in --tasks) t=$2;; --first-sample) s=$2;; esac; shift; done\n"
+          "[ \"$t\" = bad ] && { echo 'fasa: bad task' >&2; exit 2; }\n"
+          "printf '[{\"task\":\"%s\",\"length\":1024,\"policy\":\"full\",\"budget\":0,\"score\":%d,"
+          "\"samples\":1}]\\n' \"$t\" $((s - 1))\n", f);
+    fclose(f);
+    chmod(p, 0755);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa -c 1024 -s 1-2 -t a,b %s/r", dir, dir,
+             dir);
+    cr_assert_eq(fx_sh(cmd, &out, &err), 0, "%s", err);
+    /* a and b: 0 on sample 1, 1 on sample 2 */
+    cr_expect(strstr(out, "| a | 0.500 |") && strstr(out, "| b | 0.500 |") && strstr(out, "| mean | 0.500 |"), "%s",
+              out);
+    free(out), free(err);
+    static const char *const runs[] = { "1024-s1-a", "1024-s1-b", "1024-s2-a", "1024-s2-b" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/r/%s.json", dir, runs[i]);
+        cr_expect_eq(access(p, F_OK), 0, "no %s", p);
+    }
+    cr_assert_eq(fx_sh(cmd, &out, &err), 0, "%s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "grep -c x %s/calls", dir);
+    cr_assert_eq(fx_sh(cmd, &out, &err), 0);
+    cr_expect_eq(atoi(out), 4, "the second call ran again: %s calls", out);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa -c 1024 -t a,bad %s/r", dir, dir, dir);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 2);
+    cr_expect_eq(fx_lines(err), 1, "%s", err);
+    cr_expect(strstr(err, "1024 tokens, sample 1, bad: fasa: bad task") != NULL, "%s", err);
+    snprintf(p, sizeof p, "%s/r/1024-s1-bad.json", dir);
+    cr_expect_neq(access(p, F_OK), 0, "a failed run left %s", p);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa -s 0 %s/r", dir, dir, dir);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 2);
+    cr_expect(fx_lines(err) == 1 && strstr(err, "samples '0'"), "%s", err);
+    free(out), free(err);
+    tmpdir_remove(dir);
+}
+
 /* examples/plot_ruler.py: two runs of one table over other samples (--first-sample) merge, each
  * task weighted by its samples, and the mean over the tasks is taken again from the merged tasks
  * (not from the runs' means, which differ when a run lacks a task); a file that is not bench
