@@ -52,12 +52,13 @@ mkdir -p "$DIR" || die "'$DIR': cannot create"
 # a run is done when its file holds the task's rows
 done_run() { [ -s "$1" ] && grep -q '"score"' "$1"; }
 
-todo=()
+todo=() files=()
 IFS=, read -r -a lens <<<"$LENGTHS"
 IFS=, read -r -a tasks <<<"$TASKS"
 for c in "${lens[@]}"; do
     for ((s = S0; s <= S1; s++)); do
         for t in "${tasks[@]}"; do
+            files+=("$DIR/$c-s$s-$t.json")
             done_run "$DIR/$c-s$s-$t.json" || todo+=("$c $s $t")
         done
     done
@@ -86,12 +87,6 @@ for run in "${todo[@]+"${todo[@]}"}"; do
         "$dt" $(((n - k) * spent / k / 60)) >&2
 done
 
-files=()
-for c in "${lens[@]}"; do
-    for ((s = S0; s <= S1; s++)); do
-        for t in "${tasks[@]}"; do files+=("$DIR/$c-s$s-$t.json"); done
-    done
-done
 if command -v python3 >/dev/null; then
     python3 "$ROOT/examples/plot_ruler.py" "${files[@]}" --table
 else
