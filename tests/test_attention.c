@@ -262,8 +262,8 @@ Test(attention, fasa_with_budget_over_context_equals_full_exactly)
 }
 
 /* With every chunk dominant, TIP's score is the full dot product: fasa without forced tokens
- * picks the oracle's set; with its default sinks (4) and recent window (half the budget), those
- * and the oracle's best of the tokens between them. */
+ * picks the oracle's set; with its default sinks (4) and recent window (32, at most half the
+ * budget: 10 of 20), those and the oracle's best of the tokens between them. */
 Test(attention, tip_with_all_chunks_is_the_oracle)
 {
     env e;
@@ -1152,21 +1152,25 @@ Test(attention, default_tip_covers_the_group_copy)
     env_close(&e);
 }
 
-/* The recent window: half the budget by default; -rN and auto budgets as they say. */
+/* The recent window: 32 tokens by default, at most half the budget; -rhalf half the budget (the
+ * default until 2026-12-07); -rN and auto budgets as they say. */
 Test(attention, recent_window_by_budget)
 {
     env e;
     env_open(&e, 45);
     char err[FASA_ERRLEN];
     const policy_opts o = policy_defaults(POLICY_FASA, e.m, 256);
-    cr_expect_eq(policy_recent(&o, 256), 128);
+    cr_expect_eq(policy_recent(&o, 256), 32);
+    cr_expect_eq(policy_recent(&o, 64), 32);
+    cr_expect_eq(policy_recent(&o, 63), 31);
     cr_expect_eq(policy_recent(&o, 20), 10);
     int lo, hi;
     cr_expect_eq(policy_forced(&o, 5000, 1024, &lo, &hi), 1);
-    cr_expect(lo == 4 && hi == 5000 - 512, "forced [0, %d) and [%d, 5000)", lo, hi);
+    cr_expect(lo == 4 && hi == 5000 - 32, "forced [0, %d) and [%d, 5000)", lo, hi);
     struct { const char *spec; int budget, want; } cases[] = {
-        { "default", 1024, 512 }, { "default-r32", 1024, 32 }, { "default-r0", 1024, 0 },
-        { "fasa-r16", 256, 16 },  { "default-a95-min100", 1024, 50 },
+        { "default", 1024, 32 },       { "default-rhalf", 1024, 512 }, { "default-rhalf", 256, 128 },
+        { "fasa-rhalf", 20, 10 },      { "default-r32", 1024, 32 },    { "default-r0", 1024, 0 },
+        { "fasa-r16", 256, 16 },       { "default-a95-min100", 1024, 50 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bench_policy bp;

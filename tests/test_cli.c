@@ -229,22 +229,22 @@ Test(cli, real_model_speed_rows, .timeout = 1800)
         } else {   /* fasa-c: the whole cache and TIP's copy */
             cr_expect_geq(res, tot, "%s resident %g of %g", pol, res, tot);
         }
-        /* default is what run does without flags: with the profile, fasa-c at budget 256, half of it recent */
+        /* default is what run does without flags: with the profile, fasa-c at budget 256, 32 of it recent */
         if (!strcmp(pol, "default")) {
             cr_expect_gt(cJSON_GetObjectItem(r, "fcs")->valuedouble, 0, "default ran without FASA");
             cr_expect_eq(cJSON_GetObjectItem(r, "budget")->valuedouble, 256);
-            cr_expect_eq(cJSON_GetObjectItem(r, "recent")->valuedouble, 128);
+            cr_expect_eq(cJSON_GetObjectItem(r, "recent")->valuedouble, 32);
         }
     }
     cJSON_Delete(a);
     free(out); free(err);
     /* --recent sets fasa-c's window as 'fasa run --recent' does */
     snprintf(args, sizeof args,
-             "bench %s --task speed --policy fasa-c --depths 0 --steps 2 --repeats 1 --bandwidth 30 --recent 32 "
+             "bench %s --task speed --policy fasa-c --depths 0 --steps 2 --repeats 1 --bandwidth 30 --recent 128 "
              "--json", m);
     cr_assert_eq(fx_fasa(args, &out, &err), 0, "%s", err);
     cr_assert_not_null(a = cJSON_Parse(out), "%s", out);
-    cr_expect_eq(cJSON_GetObjectItem(a->child, "recent")->valuedouble, 32, "%s", out);
+    cr_expect_eq(cJSON_GetObjectItem(a->child, "recent")->valuedouble, 128, "%s", out);
     cJSON_Delete(a);
     free(out); free(err);
 }

@@ -27,8 +27,9 @@ static int parse_policy(const char *spec, const char *shown, const model *m, con
         const session_opts so = session_defaults();
         session_policy_opts(m, prof, &so, &out->o);
         if (!spec[7]) return 0;
-        /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -xR, -dN, -nodense,
-         * -own, -tail, -tails, -tailb, -tailm, -notail); default:F with F chunks (as `fasa run --fcs F`) */
+        /* default-VARIANTS: the same with fasa's variants below (-aPP, -minN, -sN, -rN, -rhalf, -xR, -dN,
+         * -nodense, -own, -tail, -tails, -tailb, -tailm, -notail); default:F with F chunks (as `fasa run
+         * --fcs F`) */
         bench_policy v;
         char alt[48];
         snprintf(alt, sizeof alt, "fasa%s", spec + 7);
@@ -56,7 +57,7 @@ static int parse_policy(const char *spec, const char *shown, const model *m, con
     }
     const int nc = m->cfg.d_head / 2;
     int fcs = prof ? prof->fcs : profile_default_fcs(m->cfg.d_head);
-    int group = 0, block = 0, dense = 1, sink = -1, recent = -1, tip_bits = 0, tip_union = 0;
+    int group = 0, block = 0, dense = 1, sink = -1, recent = POLICY_RECENT_DEFAULT, tip_bits = 0, tip_union = 0;
     int auto_min = 64, rerank = 0, group_rerank = 0, dense_budget = 0, tail = 0, tail_blocks = 0;
     float auto_mass = 0;
     uint64_t mask = 0;
@@ -105,6 +106,7 @@ static int parse_policy(const char *spec, const char *shown, const model *m, con
         else if (dash[1] == 'x' && dash[2] >= '2' && dash[2] <= '9' && !dash[3]) rerank = dash[2] - '0';
         else if (!strncmp(dash, "-gx", 3) && dash[3] >= '1' && dash[3] <= '9' && !dash[4]) group_rerank = dash[3] - '0';
         else if (!strcmp(dash, "-c") || !strcmp(dash, "-m")) { /* storage, not selection */ }
+        else if (!strcmp(dash, "-rhalf")) recent = POLICY_RECENT_HALF;   /* the default until 2026-12-07 */
         else if ((dash[1] == 's' || dash[1] == 'r') && dash[2] >= '0' && dash[2] <= '9') {   /* -sN sinks, -rN recent */
             char *end;
             const long v = strtol(dash + 2, &end, 10);
@@ -134,7 +136,7 @@ static int parse_policy(const char *spec, const char *shown, const model *m, con
     out->o.dense_mask = mask;
     out->o.dense_budget = dense_budget;
     if (sink >= 0) out->o.n_sink = sink;
-    if (recent >= 0) out->o.n_recent = recent;
+    if (recent != POLICY_RECENT_DEFAULT) out->o.n_recent = recent;
     out->o.prof = prof;
     if (k == POLICY_FASA && !prof) return fasa_error(err, FASA_EARG, "policy '%s' needs a profile (-p)", shown);
     return 0;

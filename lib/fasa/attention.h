@@ -2,7 +2,7 @@
  * policy interface for FASA and the baselines, plus the running statistics some of them need.
  *
  *   policy p;
- *   policy_opts o = policy_defaults(POLICY_FASA, m, 256);   // budget 256, 4 sinks, N/2 recent
+ *   policy_opts o = policy_defaults(POLICY_FASA, m, 256);   // budget 256, 4 sinks, 32 recent
  *   o.prof = &prof;
  *   if (policy_init(&p, m, &o, err) < 0) ...;
  *   attn_stats st;                         // Quest pages, SnapKV votes, H2O scores, as needed
@@ -43,8 +43,9 @@ typedef struct policy_opts {
     int dense_budget;        /* those layers attend, chosen as the others' are, to this many
                               * tokens (> 0) or -dense_budget times the budget (< 0); 0: all */
     int n_sink, n_recent;    /* tokens always kept, within the budget: the first n_sink and the
-                              * last n_recent (-1: half the budget). fasa: 4, -1 (chosen on the
-                              * calibration text, docs/results.md); stream: 4, then all recent */
+                              * last n_recent (POLICY_RECENT_*: below). fasa: 4 and
+                              * POLICY_RECENT_DEFAULT (chosen on the calibration text,
+                              * docs/results.md); stream: 4, then all recent */
     int group;               /* fasa: one selection per KV head from the group's summed TIP */
     float auto_mass;         /* fasa, > 0: a budget that sets itself: per (layer, head, step) the fewest
                               * tokens whose attention mass, estimated from TIP's scores, reaches this
@@ -138,8 +139,10 @@ typedef struct policy_scratch {
  * 0 when they do not (everything is ranked together, the forced tokens first). */
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi);
 
-/* fasa's recent window under a budget: n_recent when >= 0, else half the budget (auto budgets:
- * auto_min / 2). */
+/* fasa's recent window under a budget: n_recent when >= 0; auto budgets auto_min / 2; else
+ * POLICY_RECENT_DEFAULT: POLICY_RECENT tokens, at most half the budget (small budgets keep half
+ * for TIP), and POLICY_RECENT_HALF: half the budget (the default until 2026-12-07). */
+enum { POLICY_RECENT = 32, POLICY_RECENT_DEFAULT = -1, POLICY_RECENT_HALF = -2 };
 int policy_recent(const policy_opts *o, int budget);
 
 /* The budget that sets itself: how many of [lo, hi) the fewest tokens whose estimated attention

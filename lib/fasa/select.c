@@ -56,7 +56,7 @@ policy_opts policy_defaults(enum policy_kind kind, const model *m, int budget)
     policy_opts o = { .kind = kind, .budget = budget, .fcs = profile_default_fcs(m->cfg.d_head), .n_dense_layers = 1,
                       .window = 32, .page = 16, .seed = 1 };
     if (kind == POLICY_STREAM) o.n_sink = 4;
-    if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = -1;
+    if (kind == POLICY_FASA) o.n_sink = 4, o.n_recent = POLICY_RECENT_DEFAULT;
     return o;
 }
 
@@ -387,7 +387,9 @@ static int group_picks(const policy *p, const run_state *s, int layer, int head,
 
 int policy_recent(const policy_opts *o, int budget)
 {
-    return o->n_recent >= 0 ? o->n_recent : o->auto_mass > 0 ? o->auto_min / 2 : budget / 2;
+    if (o->n_recent >= 0) return o->n_recent;
+    if (o->auto_mass > 0) return o->auto_min / 2;
+    return o->n_recent == POLICY_RECENT_HALF || budget / 2 < POLICY_RECENT ? budget / 2 : POLICY_RECENT;
 }
 
 int policy_forced(const policy_opts *o, int t, int budget, int *lo, int *hi)
