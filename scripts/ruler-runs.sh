@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ruler-runs.sh - a RULER table as one run per length, sample and task, resumable.
 #
-#   scripts/ruler-runs.sh [options] DIR
+#   scripts/ruler-runs.sh [options] DIR       (options before or after DIR)
 #     -m MODEL     the GGUF (default models/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf)
 #     -c LENGTHS   comma-separated context lengths (default 4096)
 #     -s SAMPLES   samples: K, or K-L (default 1)
@@ -30,16 +30,24 @@ TASKS+=,niah_multivalue,niah_multiquery,vt,cwe,fwe,qa_1,qa_2
 die() { printf 'ruler-runs: %s\n' "$*" >&2; exit 2; }
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
-while getopts "m:c:s:p:b:t:nh" o; do
-    case "$o" in
-    m) MODEL="$OPTARG" ;; c) LENGTHS="$OPTARG" ;; s) SAMPLES="$OPTARG" ;;
-    p) POLICIES="$OPTARG" ;; b) BUDGETS="$OPTARG" ;; t) TASKS="$OPTARG" ;;
-    n) DRY=1 ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
-    esac
+# options before or after DIR
+operands=()
+while [ $# -gt 0 ]; do
+    OPTIND=1
+    while getopts ":m:c:s:p:b:t:nh" o; do
+        case "$o" in
+        m) MODEL="$OPTARG" ;; c) LENGTHS="$OPTARG" ;; s) SAMPLES="$OPTARG" ;;
+        p) POLICIES="$OPTARG" ;; b) BUDGETS="$OPTARG" ;; t) TASKS="$OPTARG" ;;
+        n) DRY=1 ;; h) usage; exit 0 ;;
+        :) die "option -$OPTARG needs a value (-h for help)" ;;
+        *) die "unknown option -$OPTARG (-h for help)" ;;
+        esac
+    done
+    shift $((OPTIND - 1))
+    if [ $# -gt 0 ]; then operands+=("$1"); shift; fi
 done
-shift $((OPTIND - 1))
-[ $# -eq 1 ] || { usage >&2; exit 2; }
-DIR="$1"
+[ ${#operands[@]} -eq 1 ] || die "one DIR expected, got ${#operands[@]} (-h for help)"
+DIR="${operands[0]}"
 [[ "$SAMPLES" =~ ^([1-9][0-9]*)(-([1-9][0-9]*))?$ ]] || die "samples '$SAMPLES': K or K-L"
 S0="${BASH_REMATCH[1]}" S1="${BASH_REMATCH[3]:-${BASH_REMATCH[1]}}"
 [ "$S0" -le "$S1" ] || die "samples '$SAMPLES': K after L"

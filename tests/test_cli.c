@@ -374,7 +374,11 @@ Test(cli, ruler_runs_resume)
         snprintf(p, sizeof p, "%s/r/%s.json", dir, runs[i]);
         cr_expect_eq(access(p, F_OK), 0, "no %s", p);
     }
+    /* the options may follow DIR: the same runs, found done */
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh %s/r -m %s/fasa -c 1024 -s 1-2 -t a,b", dir, dir,
+             dir);
     cr_assert_eq(fx_sh(cmd, &out, &err), 0, "%s", err);
+    cr_expect(strstr(out, "| mean | 0.500 |") != NULL, "%s", out);
     free(out), free(err);
     snprintf(cmd, sizeof cmd, "grep -c x %s/calls", dir);
     cr_assert_eq(fx_sh(cmd, &out, &err), 0);
@@ -390,6 +394,18 @@ Test(cli, ruler_runs_resume)
     snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa -s 0 %s/r", dir, dir, dir);
     cr_expect_eq(fx_sh(cmd, &out, &err), 2);
     cr_expect(fx_lines(err) == 1 && strstr(err, "samples '0'"), "%s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa -x %s/r", dir, dir, dir);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 2);
+    cr_expect(fx_lines(err) == 1 && strstr(err, "unknown option -x"), "%s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh %s/r %s/q -c", dir, dir, dir);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 2);
+    cr_expect(fx_lines(err) == 1 && strstr(err, "-c needs a value"), "%s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh %s/r %s/q", dir, dir, dir);
+    cr_expect_eq(fx_sh(cmd, &out, &err), 2);
+    cr_expect(fx_lines(err) == 1 && strstr(err, "one DIR expected, got 2"), "%s", err);
     free(out), free(err);
     tmpdir_remove(dir);
 }
