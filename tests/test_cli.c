@@ -391,23 +391,18 @@ Test(cli, ruler_runs_resume)
     snprintf(p, sizeof p, "%s/r/1024-s1-bad.json", dir);
     cr_expect_neq(access(p, F_OK), 0, "a failed run left %s", p);
     free(out), free(err);
-    /* bad arguments: one line each, exit 2 (R is DIR, Q a second one) */
-    static const struct { const char *args, *want; } bad[] = {
-        { "-s 0 R", "samples '0'" },
-        { "-x R", "unknown option -x" },
-        { "R Q -c", "-c needs a value" },
-        { "R Q", "one DIR expected, got 2" },
+    /* bad arguments, each around DIR (and a second DIR when two): one line, exit 2 */
+    static const struct { const char *before; int two; const char *after, *want; } bad[] = {
+        { "-s 0", 0, "", "samples '0'" },
+        { "-x", 0, "", "unknown option -x" },
+        { "", 1, "-c", "-c needs a value" },
+        { "", 1, "", "one DIR expected, got 2" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        char args[1400] = "";
-        for (const char *a = bad[i].args; *a; a++) {
-            const size_t n = strlen(args);
-            if (*a == 'R' || *a == 'Q') snprintf(args + n, sizeof args - n, "%s/%c", dir, *a == 'R' ? 'r' : 'q');
-            else snprintf(args + n, sizeof args - n, "%c", *a);
-        }
-        snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa %s", dir, dir, args);
-        cr_expect_eq(fx_sh(cmd, &out, &err), 2, "%s", bad[i].args);
-        cr_expect(fx_lines(err) == 1 && strstr(err, bad[i].want), "%s: %s", bad[i].args, err);
+        snprintf(cmd, sizeof cmd, "FASA=%s/fasa scripts/ruler-runs.sh -m %s/fasa %s %s/r %s%s %s", dir, dir,
+                 bad[i].before, dir, bad[i].two ? dir : "", bad[i].two ? "/q" : "", bad[i].after);
+        cr_expect_eq(fx_sh(cmd, &out, &err), 2, "%s", cmd);
+        cr_expect(fx_lines(err) == 1 && strstr(err, bad[i].want), "%s: %s", cmd, err);
         free(out), free(err);
     }
     tmpdir_remove(dir);
